@@ -1,0 +1,51 @@
+# make train: venv + install + built-in data + the tiny model through the real launcher.
+# make test:  venv + install with dev extras + the whole test suite.
+# torch is pinned to the 2.13.0 CPU build through a constraints file that every pip call
+# (and every build environment) sees, so nothing can pull another torch or CUDA packages.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CONSTRAINT := $(CURDIR)/requirements/constraints.txt
+PIP := PIP_CONSTRAINT=$(CONSTRAINT) $(PY) -m pip
+REQS := $(wildcard requirements/*.txt) setup.py
+PYTEST_ARGS ?=
+
+.PHONY: venv install install-dev check-install data train test bench clean-data
+
+venv:
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: $(REQS) | venv
+	$(PIP) install -q torch==2.13.0 setuptools wheel
+	$(PIP) install -q --no-build-isolation -e ".[tensorboard,wandb]"
+	@$(MAKE) --no-print-directory check-install
+	@touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PIP) install -q --no-build-isolation -e ".[dev,tensorboard,wandb]"
+	@$(MAKE) --no-print-directory check-install
+	@touch $@
+
+install: $(VENV)/.installed
+
+install-dev: $(VENV)/.installed-dev
+
+check-install:
+	@$(PY) -m pip list 2>/dev/null | grep -i nvidia && { echo "CUDA packages were installed; remove them: only the torch 2.13.0 CPU build is expected" >&2; exit 1; } || true
+	@$(PY) -c "import torch, sys; v = torch.__version__.split('+')[0]; sys.exit(0 if v == '2.13.0' else 'torch ' + torch.__version__ + ' is installed; this project pins 2.13.0')"
+
+data: install
+	$(PY) tools/datasets/prepare_data.py builtin -d data
+
+train: install data
+	$(PY) deepy.py train.py configs/tiny.yml
+
+test: install-dev
+	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+bench: install-dev
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean-data:
+	rm -rf data/builtin

@@ -1,0 +1,200 @@
+"""Turn a resolved config into the DeepSpeed launcher command that starts every worker.
+
+One machine without a hostfile: DeepSpeed's per-node launcher (`deepspeed.launcher.launch`) starts
+`num_gpus` workers here, no ssh. With a hostfile: DeepSpeed's runner, with the config's launcher
+(pdsh, openmpi, slurm, ...) and include/exclude/num_nodes/num_gpus; with `no_ssh` and `node_rank`
+it starts only this node's workers (run it once per node). Workers get the resolved config on
+their command line (`--neox_args`), never YAML re-read from disk.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import stat
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from megatron.monitoring.logger import get_logger
+
+log = get_logger(__name__)
+
+CONFIG_FLAG = "--neox_args"
+
+
+@dataclass
+class LaunchPlan:
+    """The command to run, its environment additions, and the world it will form."""
+
+    argv: list[str]
+    env: dict[str, str]
+    world_size: int
+    hosts: dict[str, list[int]] = field(default_factory=dict)
+
+
+def read_hostfile(path: str) -> dict[str, int]:
+    """{host: slots} from a hostfile of `host slots=N` lines; a clear error when unusable."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"hostfile {path} does not exist (config key 'hostfile'): create it "
+                                "with one 'hostname slots=N' line per node, or remove the key to "
+                                "run on this machine only")
+    try:
+        text = p.read_text()
+    except OSError as err:
+        raise FileNotFoundError(f"hostfile {path} cannot be read ({err.strerror}); "
+                                "fix its permissions or point 'hostfile' elsewhere") from None
+    hosts: dict[str, int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].startswith("slots=") or not parts[1][6:].isdigit():
+            raise ValueError(f"hostfile {path} line {number}: {raw.strip()!r} is not "
+                             "'hostname slots=N'")
+        if parts[0] in hosts:
+            raise ValueError(f"hostfile {path} line {number}: host {parts[0]} is listed twice")
+        hosts[parts[0]] = int(parts[1][6:])
+    if not hosts:
+        raise ValueError(f"hostfile {path} lists no hosts; add 'hostname slots=N' lines")
+    return hosts
+
+
+def active_hosts(hosts: dict[str, int], include: str | None, exclude: str | None,
+                 num_nodes: int, num_gpus: int | None) -> dict[str, list[int]]:
+    """Apply include/exclude and num_nodes/num_gpus as DeepSpeed's runner will."""
+    from deepspeed.launcher.runner import apply_num_nodes_and_gpus, parse_inclusion_exclusion
+
+    pool = {h: n for h, n in hosts.items()}
+    active = parse_inclusion_exclusion(pool, include or "", exclude or "")
+    return dict(apply_num_nodes_and_gpus(active, num_nodes if num_nodes else -1,
+                                         num_gpus if num_gpus else -1))
+
+
+def omp_threads(configured: int | None, procs_per_node: int) -> int:
+    """Threads per worker: the configured value, else this machine's cores split evenly."""
+    if configured:
+        return configured
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // max(procs_per_node, 1))
+
+
+def exported_env(names, environ=None) -> dict[str, str]:
+    """A2: the listed variables that are set here, to be exported to every worker."""
+    environ = os.environ if environ is None else environ
+    return {name: environ[name] for name in names or () if name in environ}
+
+
+def plan_launch(args, script: str, python: str = sys.executable) -> LaunchPlan:
+    """Build the launch command for `script` with the resolved config `args`."""
+    la = args.launcher
+    if la.hostfile:
+        hosts = active_hosts(read_hostfile(la.hostfile), la.include, la.exclude, la.num_nodes,
+                             la.num_gpus)
+    else:
+        if la.include or la.exclude:
+            raise ValueError("include/exclude select hosts from a hostfile, but 'hostfile' is not set")
+        if la.num_nodes not in (None, -1, 1):
+            raise ValueError(f"num_nodes={la.num_nodes} needs a hostfile listing the nodes "
+                             "(config key 'hostfile')")
+        hosts = {"localhost": list(range(la.num_gpus or 1))}
+    world = sum(len(slots) for slots in hosts.values())
+    args = args.with_world_size(world)  # validates degrees against the real world size
+    procs_here = max(len(s) for s in hosts.values())
+    env = exported_env(la.export_env_vars)
+    env.setdefault("OMP_NUM_THREADS", str(omp_threads(la.omp_num_threads, procs_here)))
+    if la.omp_num_threads:
+        env["OMP_NUM_THREADS"] = str(la.omp_num_threads)
+    worker = [script, CONFIG_FLAG, args.encode()]
+    if not la.hostfile:
+        argv = _local_launch(hosts, la, python) + worker
+    else:
+        argv = _runner_launch(la, python) + worker
+    return LaunchPlan(argv=argv, env=env, world_size=world, hosts=hosts)
+
+
+def _encode_world(hosts: dict[str, list[int]]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(hosts).encode()).decode()
+
+
+def _local_launch(hosts, la, python: str) -> list[str]:
+    return [python, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={_encode_world(hosts)}",
+            f"--master_addr={la.master_addr or '127.0.0.1'}", f"--master_port={la.master_port}",
+            "--no_local_rank"]
+
+
+def _runner_launch(la, python: str) -> list[str]:
+    argv = [python, "-u", "-m", "deepspeed.launcher.runner", f"--hostfile={la.hostfile}",
+            f"--master_port={la.master_port}", f"--launcher={la.launcher}", "--no_local_rank"]
+    if la.master_addr:
+        argv.append(f"--master_addr={la.master_addr}")
+    if la.include:
+        argv.append(f"--include={la.include}")
+    if la.exclude:
+        argv.append(f"--exclude={la.exclude}")
+    if not (la.include or la.exclude):
+        if la.num_nodes and la.num_nodes > 0:
+            argv.append(f"--num_nodes={la.num_nodes}")
+        if la.num_gpus:
+            argv.append(f"--num_gpus={la.num_gpus}")
+    if la.no_ssh:
+        if la.node_rank is None:
+            raise ValueError("no_ssh launches one node at a time and needs node_rank "
+                             "(this node's index in the hostfile)")
+        if not la.master_addr:
+            raise ValueError("no_ssh needs master_addr (the address of node 0) to be set")
+        argv += ["--no_ssh", f"--node_rank={la.node_rank}"]
+    if la.launcher == "slurm" and (la.comment or la.account):
+        extra = " ".join(x for x in (f"--comment={la.comment}" if la.comment else "",
+                                     f"--account={la.account}" if la.account else "") if x)
+        argv.append(f"--launcher_args={extra}")
+    return argv
+
+
+def write_env_file(env: dict[str, str]) -> str:
+    """For launches over ssh/pdsh/mpi: a private file DeepSpeed's runner exports to every node."""
+    fd, path = tempfile.mkstemp(prefix="neox_env_", text=True)
+    with os.fdopen(fd, "w") as f:
+        for key, value in env.items():
+            f.write(f"{key}={value}\n")
+    os.chmod(path, stat.S_IRUSR | stat.S_IWUSR)
+    return path
+
+
+def worker_args(argv: list[str]):
+    """The resolved config a worker was started with (`--neox_args <encoded>` on its command line)."""
+    from megatron.neox_arguments import NeoXArgs
+
+    if CONFIG_FLAG not in argv or argv.index(CONFIG_FLAG) + 1 >= len(argv):
+        raise ValueError(f"this script runs on workers started by the launcher and expects "
+                         f"{CONFIG_FLAG}; start it as: python deepy.py {Path(sys.argv[0]).name} "
+                         "<config.yml> [more.yml] [key=value ...]")
+    return NeoXArgs.decode(argv[argv.index(CONFIG_FLAG) + 1])
+
+
+def launch(script: str, argv: list[str]) -> int:
+    """Resolve the config named on the command line and run `script` on every worker."""
+    import subprocess
+
+    from megatron.entry import split_command_line
+    from megatron.neox_arguments import NeoXArgs
+
+    if not Path(script).is_file():
+        raise FileNotFoundError(f"script {script} does not exist; usage: python deepy.py "
+                                "train.py configs/a.yml [configs/b.yml] [key=value ...]")
+    files, overrides = split_command_line(argv)
+    if not files:
+        raise ValueError("no config file given; usage: python deepy.py train.py configs/a.yml "
+                         "[configs/b.yml] [key=value ...]")
+    args = NeoXArgs.from_ymls(files, overrides)
+    plan = plan_launch(args, script)
+    env = {**os.environ, **plan.env}
+    if args.launcher.hostfile and not args.launcher.no_ssh and plan.env:
+        env["DS_ENV_FILE"] = write_env_file(plan.env)
+    log.info("launching %d worker(s): %s", plan.world_size,
+             " ".join(a if len(a) < 200 else a[:40] + "..." for a in plan.argv))
+    return subprocess.run(plan.argv, env=env).returncode

@@ -1,0 +1,32 @@
+"""Activation functions by GPT-NeoX name; gated ones (geglu, swiglu, reglu) halve their input."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _gated(act):
+    def gated(x: torch.Tensor) -> torch.Tensor:
+        # x: [..., 2f] -> [..., f]; the second half is the gate.
+        value, gate = x.chunk(2, dim=-1)
+        return act(gate) * value
+    return gated
+
+
+ACTIVATIONS = {
+    "gelu": F.gelu,
+    "relu": F.relu,
+    "silu": F.silu,
+    "geglu": _gated(F.gelu),
+    "swiglu": _gated(F.silu),
+    "reglu": _gated(F.relu),
+}
+GATED = frozenset({"geglu", "swiglu", "reglu"})
+
+
+def get_activation(name: str):
+    """The activation callable for `name`; an unknown name lists the valid ones."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"activation {name!r} is not known; valid: {', '.join(sorted(ACTIVATIONS))}")
+    return ACTIVATIONS[name]

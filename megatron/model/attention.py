@@ -1,0 +1,79 @@
+"""Causal self-attention with a fused QKV projection, grouped KV heads, rotary/ALiBi positions."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from megatron.model.attention_impls import attention_impl
+from megatron.model.positional import RotaryEmbedding, alibi_slopes
+
+
+def rotary_ndims(config) -> int:
+    """Channels of each head that rotary rotates: int(head_dim * rotary_pct), as GPT-NeoX."""
+    return int(config.head_dim * config.rotary_pct)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head (or grouped-query) causal self-attention of one transformer layer.
+
+    The QKV projection is laid out per KV group as [q_per_kv queries, 1 key, 1 value] x head_dim,
+    which for num_kv_heads == num_attention_heads is GPT-NeoX's interleaved [heads, 3, head_dim].
+    """
+
+    def __init__(self, config, layer_number: int):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv = config.num_kv_heads
+        self.q_per_kv = self.num_heads // self.num_kv
+        self.head_dim = config.head_dim
+        self.dropout_p = config.attention_dropout
+        self.softmax_fp32 = config.attention_softmax_in_fp32
+        self.attention_type = config.attention_type(layer_number)
+        self.window = config.sliding_window_width if self.attention_type == "local" else None
+        self.kernel = attention_impl(self.attention_type)
+        qkv_out = (self.num_heads + 2 * self.num_kv) * self.head_dim
+        self.query_key_value = nn.Linear(config.hidden_size, qkv_out, bias=config.use_bias_in_attn_linear)
+        self.dense = nn.Linear(self.num_heads * self.head_dim, config.hidden_size,
+                               bias=config.use_bias_in_attn_linear)
+        self.rotary = None
+        if config.pos_emb == "rotary":
+            self.rotary = RotaryEmbedding(rotary_ndims(config), config.rotary_emb_base,
+                                          config.max_position_embeddings)
+        if config.pos_emb == "alibi":
+            self.register_buffer("alibi_slopes", alibi_slopes(self.num_heads), persistent=False)
+        else:
+            self.alibi_slopes = None
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
+                doc_mask: torch.Tensor | None = None) -> torch.Tensor:
+        b, s, _ = x.shape  # x: [b, s, h]
+        qkv = self.query_key_value(x).view(b, s, self.num_kv, self.q_per_kv + 2, self.head_dim)
+        q = qkv[:, :, :, : self.q_per_kv].reshape(b, s, self.num_heads, self.head_dim).transpose(1, 2)
+        k = qkv[:, :, :, self.q_per_kv].transpose(1, 2)  # [b, kv, s, d]
+        v = qkv[:, :, :, self.q_per_kv + 1].transpose(1, 2)  # [b, kv, s, d]
+        if self.rotary is not None:
+            cos, sin = self.rotary.cos_sin(position_ids)
+            q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
+        mask = self._mask(s, doc_mask, x.device)
+        p = self.dropout_p if self.training else 0.0
+        out = self.kernel(q.contiguous(), k.contiguous(), v.contiguous(), mask, p, self.softmax_fp32)
+        out = out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)  # [b, s, h]
+        return self.dense(out)
+
+    def _mask(self, s: int, doc_mask: torch.Tensor | None, device) -> torch.Tensor | None:
+        """None for plain causal attention, else a keep-mask or additive bias [b|1, h|1, s, s]."""
+        if doc_mask is None and self.window is None and self.alibi_slopes is None:
+            return None
+        i = torch.arange(s, device=device).unsqueeze(1)
+        j = torch.arange(s, device=device).unsqueeze(0)
+        keep = j <= i  # [s, s]
+        if self.window is not None:
+            keep = keep & (i - j < self.window)
+        keep = keep.view(1, 1, s, s)
+        if doc_mask is not None:
+            keep = keep & doc_mask  # doc_mask: [b, 1, s, s]
+        if self.alibi_slopes is None:
+            return keep
+        bias = -(i - j).clamp(min=0).float() * self.alibi_slopes.view(-1, 1, 1)  # [h, s, s]
+        return bias.unsqueeze(0).masked_fill(~keep, float("-inf"))

@@ -1,0 +1,93 @@
+"""The resolved model shape: everything the model's layers read, and nothing else.
+
+`ModelConfig` is built once from the run config (`model_config_from_args`) so blocks never see the
+whole run config, only this frozen section with derived values (padded vocab, kv heads, FFN size,
+per-layer attention types) already resolved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model's shape and architecture choices, fully resolved."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    seq_length: int
+    max_position_embeddings: int
+    padded_vocab_size: int
+    pos_emb: str = "rotary"
+    rotary_pct: float = 1.0
+    rotary_emb_base: float = 10000.0
+    norm: str = "layernorm"
+    norm_epsilon: float = 1e-5
+    activation: str = "gelu"
+    tied_embeddings: bool = False
+    gpt_j_residual: bool = False
+    gpt_j_tied: bool = False
+    use_bias_in_norms: bool = True
+    use_bias_in_attn_linear: bool = True
+    use_bias_in_mlp: bool = True
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    init_method: str = "normal"
+    output_layer_init_method: str = "scaled_normal"
+    init_method_std: float = 0.02
+    attention_types: tuple[str, ...] = field(default_factory=tuple)
+    sliding_window_width: int | None = None
+    attention_softmax_in_fp32: bool = False
+    seed: int = 1234
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def attention_type(self, layer_number: int) -> str:
+        """The attention kind of transformer layer `layer_number` (0-based)."""
+        if not self.attention_types:
+            return "global"
+        return self.attention_types[layer_number]
+
+
+def model_config_from_args(args, padded_vocab_size: int) -> ModelConfig:
+    """Resolve the run config's model section (and its derived values) into a `ModelConfig`."""
+    m, d = args.model, args.derived
+    norm_eps = {"layernorm": m.layernorm_epsilon, "rmsnorm": m.rms_norm_epsilon,
+                "scalenorm": m.scalenorm_epsilon}[m.norm]
+    return ModelConfig(
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        num_kv_heads=d.num_kv_heads,
+        intermediate_size=d.intermediate_size,
+        seq_length=m.seq_length,
+        max_position_embeddings=m.max_position_embeddings,
+        padded_vocab_size=padded_vocab_size,
+        pos_emb=m.pos_emb,
+        rotary_pct=m.rotary_pct,
+        rotary_emb_base=m.rotary_emb_base,
+        norm=m.norm,
+        norm_epsilon=norm_eps,
+        activation=m.activation,
+        tied_embeddings=not m.no_weight_tying,
+        gpt_j_residual=m.gpt_j_residual,
+        gpt_j_tied=m.gpt_j_tied,
+        use_bias_in_norms=m.use_bias_in_norms,
+        use_bias_in_attn_linear=m.use_bias_in_attn_linear,
+        use_bias_in_mlp=m.use_bias_in_mlp,
+        hidden_dropout=m.hidden_dropout,
+        attention_dropout=m.attention_dropout,
+        init_method=m.init_method,
+        output_layer_init_method=m.output_layer_init_method,
+        init_method_std=m.init_method_std,
+        attention_types=tuple(d.attention_types),
+        sliding_window_width=m.sliding_window_width,
+        attention_softmax_in_fp32=m.attention_softmax_in_fp32,
+        seed=args.training.seed,
+    )

@@ -1,0 +1,118 @@
+"""The GPT model: one function builds layer specs; they become a PipelineModule or a plain module.
+
+Layer order: embedding -> num_layers transformer layers -> final norm -> LM head (a separate
+linear, or the input embedding's weight when `tied_embeddings`). Every layer passes the tuple
+(hidden [b, s, h], position_ids [b, s], mask) to the next, where `mask` is a [b, 1, s, s]
+boolean keep-mask when documents are masked from each other, else a 1-element placeholder.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from megatron.model.block import TransformerLayerPipe
+from megatron.model.embedding import EmbeddingPipe, tied_lm_head
+from megatron.model.init import init_methods, layer_generator
+from megatron.model.norms import build_norm
+
+
+class FinalNormPipe(nn.Module):
+    """The final norm; drops position ids and mask from the pipeline tuple."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.norm = build_norm(config)
+
+    def forward(self, inputs):
+        hidden, _position_ids, _mask = inputs
+        return self.norm(hidden)
+
+
+class LMHead(nn.Module):
+    """Untied output projection hidden [b, s, h] -> logits [b, s, padded_vocab]."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(config.padded_vocab_size, config.hidden_size))
+        init_fn, _ = init_methods(config)
+        init_fn(self.weight, layer_generator(config.seed, config.num_layers + 1))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.weight)
+
+
+def build_layer_specs(config) -> list:
+    """The model as DeepSpeed layer specs; the single source for every way the model is built."""
+    from deepspeed.pipe import LayerSpec, TiedLayerSpec
+
+    if config.tied_embeddings:
+        embed = TiedLayerSpec("embed", EmbeddingPipe, config, tied_weight_attr="word_embeddings.weight")
+        head = TiedLayerSpec("embed", EmbeddingPipe, config, forward_fn=tied_lm_head,
+                             tied_weight_attr="word_embeddings.weight")
+    else:
+        embed, head = LayerSpec(EmbeddingPipe, config), LayerSpec(LMHead, config)
+    blocks = [LayerSpec(TransformerLayerPipe, config, i) for i in range(config.num_layers)]
+    return [embed, *blocks, LayerSpec(FinalNormPipe, config), head]
+
+
+def lm_loss(logits: torch.Tensor, targets: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Mean next-token cross entropy over positions where loss_mask is 1, computed in fp32."""
+    labels, loss_mask = targets  # [b, s], [b, s]
+    losses = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none")
+    mask = loss_mask.flatten().float()
+    return (losses * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+class GPTModel(nn.Module):
+    """The non-pipelined model built from the same specs (pipe_parallel_size 0, generation, eval)."""
+
+    def __init__(self, config, checkpoint_activations: bool = False):
+        super().__init__()
+        self.checkpoint_activations = checkpoint_activations
+        specs = build_layer_specs(config)
+        tied: dict[str, nn.Module] = {}
+        self.layers = nn.ModuleList()
+        self._forward_fns = []
+        for spec in specs:
+            key = getattr(spec, "key", None)
+            if key is not None and key in tied:
+                self._forward_fns.append((len(self._forward_fns), spec.forward_fn, tied[key]))
+                continue
+            module = spec.build()
+            if key is not None:
+                tied[key] = module
+            self._forward_fns.append((len(self._forward_fns), None, module))
+            self.layers.append(module)
+
+    def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens [b, s] -> logits [b, s, padded_vocab]."""
+        if mask is None:
+            mask = torch.zeros(1, dtype=torch.bool, device=tokens.device)
+        x = (tokens, position_ids, mask)
+        for _, forward_fn, module in self._forward_fns:
+            if forward_fn is not None:
+                x = forward_fn(module, x)
+            elif self.checkpoint_activations and self.training and isinstance(module, TransformerLayerPipe):
+                x = checkpoint(module, x, use_reentrant=False)
+            else:
+                x = module(x)
+        return x
+
+
+def build_pipeline_model(config, topology, partition_method: str, checkpoint_interval: int):
+    """The model as a DeepSpeed PipelineModule over `topology` (a PipeModelDataParallelTopology)."""
+    from deepspeed.pipe import PipelineModule
+
+    return PipelineModule(
+        layers=build_layer_specs(config),
+        topology=topology,
+        loss_fn=lm_loss,
+        partition_method=partition_method,
+        activation_checkpoint_interval=checkpoint_interval,
+        # the embedding layer must not be checkpointed (its int inputs carry no grad)
+        checkpointable_layers=["TransformerLayerPipe"],
+    )

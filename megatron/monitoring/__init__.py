@@ -1,0 +1,1 @@
+"""Logging, metrics trackers and timers."""

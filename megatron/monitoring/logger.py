@@ -1,0 +1,52 @@
+"""The one logger of the project: named loggers, rank-aware printing, and setup for entry scripts.
+
+Library code calls `get_logger(__name__)` and logs; nothing is configured at import time. Entry
+scripts call `setup_logging()` once. `print_rank_0` prints only on global rank 0 (or when not
+distributed), so every rank can call it unconditionally.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+_ROOT = "megatron"
+_FORMAT = "[%(asctime)s] [%(levelname)s] [%(name)s] %(message)s"
+
+
+def get_logger(name: str) -> logging.Logger:
+    """A logger under the project's root logger (`megatron.*`), whatever module asks for it."""
+    if name != _ROOT and not name.startswith(_ROOT + "."):
+        name = f"{_ROOT}.{name}"
+    return logging.getLogger(name)
+
+
+def global_rank() -> int:
+    """This process's global rank from the launcher's environment (0 when not launched)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def setup_logging(level: int | str = logging.INFO, all_ranks: bool = False) -> None:
+    """Send the project's log records to stderr; ranks other than 0 log warnings and up only.
+
+    Safe to call more than once: the handler is installed a single time.
+    """
+    root = logging.getLogger(_ROOT)
+    if isinstance(level, str):
+        level = logging.getLevelName(level.upper())
+    rank = global_rank()
+    root.setLevel(level if (rank == 0 or all_ranks) else max(logging.WARNING, level))
+    if not any(getattr(h, "_megatron", False) for h in root.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        prefix = f"[rank {rank}] " if "RANK" in os.environ else ""
+        handler.setFormatter(logging.Formatter(prefix + _FORMAT, datefmt="%H:%M:%S"))
+        handler._megatron = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    root.propagate = False
+
+
+def print_rank_0(message: str) -> None:
+    """Print a line to stdout on global rank 0 only (flushed, so launchers show it at once)."""
+    if global_rank() == 0:
+        print(message, flush=True)

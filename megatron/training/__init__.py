@@ -1,0 +1,1 @@
+"""Training: the engine, the step, the loop, learning rates and optimizers."""

@@ -1,0 +1,55 @@
+"""Datasets and loaders for a run: sample counts per split, this rank's share, micro-batch tuples."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron.data.loaders import build_data_loader, build_train_valid_test_datasets
+from megatron.monitoring.logger import get_logger
+from megatron.training.batch import BatchOptions, model_inputs
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class SampleCounts:
+    """Samples each split must provide for the whole run."""
+
+    train: int
+    valid: int
+    test: int
+
+
+def sample_counts(args) -> SampleCounts:
+    """train_iters x global batch for train; enough evaluation batches for every eval_interval."""
+    gbs = args.derived.train_batch_size
+    t = args.training
+    evals = (t.train_iters // t.eval_interval + 1) if t.eval_interval else 1
+    return SampleCounts(train=t.train_iters * gbs, valid=evals * t.eval_iters * gbs,
+                        test=t.eval_iters * gbs)
+
+
+def build_datasets(args, counts: SampleCounts):
+    """(train, valid, test) datasets; a split asked for zero samples is None."""
+    d = args.data
+    return build_train_valid_test_datasets(
+        data_path=d.data_path, train_data_paths=d.train_data_paths,
+        valid_data_paths=d.valid_data_paths, test_data_paths=d.test_data_paths,
+        train_data_weights=d.train_data_weights, valid_data_weights=d.valid_data_weights,
+        test_data_weights=d.test_data_weights, weight_by_num_documents=d.weight_by_num_documents,
+        weighted_sampler_alpha=d.weighted_sampler_alpha, split=d.split,
+        seq_length=args.model.seq_length, seed=args.training.seed,
+        train_valid_test_num_samples=(counts.train, counts.valid, counts.test),
+        cache_dir=d.data_cache_dir, skip_warmup=not d.mmap_warmup)
+
+
+def micro_batch_iterator(dataset, consumed_samples: int, args, dp_rank: int, dp_size: int,
+                         options: BatchOptions):
+    """Micro-batch model inputs for this data-parallel rank, starting after `consumed_samples`."""
+    if dataset is None:
+        return None
+    loader = build_data_loader(dataset, consumed_samples=consumed_samples,
+                               micro_batch_size=args.derived.train_micro_batch_size_per_gpu,
+                               data_parallel_rank=dp_rank, data_parallel_size=dp_size,
+                               num_workers=args.data.num_workers)
+    return (model_inputs(batch, options) for batch in loader)

@@ -1,0 +1,168 @@
+"""`pretrain`: a whole training run on one worker, from the resolved config to the last save."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from megatron.checkpointing import load_checkpoint, save_checkpoint, should_save
+from megatron.model.config import model_config_from_args
+from megatron.monitoring.logger import get_logger, print_rank_0
+from megatron.monitoring.trackers import MetricsTracker
+from megatron.mpu.initialize import destroy_distributed, init_distributed
+from megatron.mpu.topology import Topology
+from megatron.neox_arguments import padded_vocab_size
+from megatron.tokenizer import build_tokenizer
+from megatron.training.batch import BatchOptions
+from megatron.training.data import build_datasets, micro_batch_iterator, sample_counts
+from megatron.training.engine import build_engine
+from megatron.training.step import eval_step, train_step
+
+log = get_logger(__name__)
+
+
+@dataclass
+class RunState:
+    """Where the run is: what a checkpoint records so that a resume continues exactly."""
+
+    iteration: int = 0
+    consumed_train_samples: int = 0
+    consumed_valid_samples: int = 0
+    interval_losses: list = field(default_factory=list)
+
+    def client_state(self) -> dict:
+        return {"consumed_train_samples": self.consumed_train_samples,
+                "consumed_valid_samples": self.consumed_valid_samples}
+
+
+def set_seeds(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def pretrain(args) -> RunState:
+    """Train `args` to train_iters on this worker; returns the final state. Collective: every rank."""
+    init_distributed(args.parallelism.distributed_backend, args.launcher.distributed_timeout_minutes)
+    try:
+        return _pretrain(args.with_world_size(dist.get_world_size()))
+    finally:
+        destroy_distributed()
+
+
+def _pretrain(args) -> RunState:
+    rank = dist.get_rank()
+    set_seeds(args.training.seed)
+    topology = Topology.from_world(dist.get_world_size(), args.parallelism.model_parallel_size,
+                                   args.parallelism.pipe_parallel_size)
+    tokenizer = build_tokenizer(args.tokenizer.tokenizer_type, args.tokenizer.vocab_file,
+                                args.tokenizer.merge_file)
+    vocab = padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by,
+                              args.parallelism.model_parallel_size)
+    model_config = model_config_from_args(args, vocab)
+    engine = build_engine(args, model_config, topology)
+    state = RunState()
+    resumed = load_checkpoint(engine, args)
+    state.iteration = int(resumed.get("iteration", 0))
+    state.consumed_train_samples = int(resumed.get("consumed_train_samples", 0))
+    state.consumed_valid_samples = int(resumed.get("consumed_valid_samples", 0))
+
+    counts = sample_counts(args)
+    train_ds, valid_ds, _ = build_datasets(args, counts)
+    coords = topology.coords(rank)
+    d = args.data
+    options = BatchOptions(tokenizer.eod, d.eod_mask_loss, d.reset_position_ids, d.reset_attention_mask)
+    train_iter = micro_batch_iterator(train_ds, state.consumed_train_samples, args, coords.data,
+                                      topology.dp, options)
+    valid_iter = micro_batch_iterator(valid_ds, state.consumed_valid_samples, args, coords.data,
+                                      topology.dp, options)
+    lg = args.logging
+    tracker = MetricsTracker(lg.log_dir, lg.tensorboard_dir, _wandb_config(args), args.to_dict(),
+                             enabled=rank == 0)
+    print_rank_0(f"training {model_config.num_layers} layers x {model_config.hidden_size} hidden, "
+                 f"{sum(p.numel() for p in engine.engine.module.parameters()):,} parameters on this "
+                 f"rank, tp={topology.tp} pp={topology.pp} dp={topology.dp}, from iteration "
+                 f"{state.iteration} to {args.training.train_iters}")
+    try:
+        _train(args, engine, state, train_iter, valid_iter, tracker)
+    finally:
+        tracker.close()
+    return state
+
+
+def _wandb_config(args) -> dict | None:
+    lg = args.logging
+    if not lg.use_wandb:
+        return None
+    return {"project": lg.wandb_project, "group": lg.wandb_group, "team": lg.wandb_team,
+            "run_name": lg.wandb_run_name, "dir": lg.log_dir}
+
+
+def _train(args, engine, state: RunState, train_iter, valid_iter, tracker: MetricsTracker) -> None:
+    t, ck = args.training, args.checkpoint
+    gbs = args.derived.train_batch_size
+    tokens_per_iter = gbs * args.model.seq_length
+    saved_at = None
+    interval_start = time.perf_counter()
+    while state.iteration < t.train_iters:
+        loss = train_step(engine, train_iter)
+        state.iteration += 1
+        state.consumed_train_samples += gbs
+        state.interval_losses.append(loss)
+        if state.iteration % args.logging.log_interval == 0 or state.iteration == t.train_iters:
+            elapsed = time.perf_counter() - interval_start
+            _log_train(args, engine, state, tracker, elapsed, tokens_per_iter)
+            interval_start = time.perf_counter()
+        if t.eval_interval and state.iteration % t.eval_interval == 0 and valid_iter is not None:
+            _evaluate(args, engine, state, valid_iter, tracker)
+            interval_start = time.perf_counter()
+        if ck.save and should_save(state.iteration, ck.checkpoint_factor, ck.checkpoint_scale,
+                                   ck.extra_save_iters):
+            save_checkpoint(engine, args, state.iteration, state.client_state())
+            saved_at = state.iteration
+            interval_start = time.perf_counter()
+        if t.exit_interval and state.iteration % t.exit_interval == 0:
+            print_rank_0(f"exiting at iteration {state.iteration} (exit_interval={t.exit_interval})")
+            break
+    if ck.save and saved_at != state.iteration and state.iteration > 0:
+        save_checkpoint(engine, args, state.iteration, state.client_state())
+    if ck.save:
+        print_rank_0(f"checkpoint of iteration {state.iteration}: "
+                     f"{os.path.abspath(ck.save)}/global_step{state.iteration}")
+
+
+def _log_train(args, engine, state: RunState, tracker, elapsed: float, tokens_per_iter: int) -> None:
+    n = len(state.interval_losses)
+    loss = sum(state.interval_losses) / n
+    state.interval_losses.clear()
+    lr = engine.lr_scheduler.get_lr()[0]
+    grad_norm = engine.engine.get_global_grad_norm()
+    grad_norm = float(grad_norm) if grad_norm is not None else None
+    iter_time = elapsed / n
+    metrics = {"lm_loss": loss, "learning_rate": lr, "grad_norm": grad_norm,
+               "tokens_per_sec": tokens_per_iter / iter_time, "iteration_time_ms": iter_time * 1e3,
+               "consumed_samples": state.consumed_train_samples}
+    if grad_norm is None:
+        del metrics["grad_norm"]
+    line = (f" iteration {state.iteration:>6}/{args.training.train_iters} | lm_loss {loss:.4f} | "
+            f"lr {lr:.3e} | " + (f"grad_norm {grad_norm:.3f} | " if grad_norm is not None else "")
+            + f"{metrics['tokens_per_sec']:,.0f} tokens/s | {iter_time * 1e3:.1f} ms/iter")
+    tracker.log(metrics, state.iteration, console=line)
+
+
+def _evaluate(args, engine, state: RunState, valid_iter, tracker) -> None:
+    losses = []
+    for _ in range(args.training.eval_iters):
+        losses.append(eval_step(engine, valid_iter))
+        state.consumed_valid_samples += args.derived.train_batch_size
+    val_loss = sum(losses) / len(losses)
+    ppl = float(np.exp(min(val_loss, 50.0)))
+    tracker.log({"val_loss": val_loss, "val_ppl": ppl}, state.iteration,
+                console=f" validation at iteration {state.iteration} | val_loss {val_loss:.4f} | "
+                        f"val_ppl {ppl:.2f}")

@@ -1,0 +1,48 @@
+"""Torch optimizers by GPT-NeoX name, with no weight decay on biases and norm weights.
+
+DeepSpeed's own Adam JIT-compiles a C++ op on first use; a torch optimizer passed to
+`deepspeed.initialize` runs everywhere at once, so that is what every name maps to.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: matrices decay; biases, norm weights and other 1-D parameters do not."""
+    decay, no_decay = [], []
+    for _, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if param.dim() < 2 else decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def _adamw(groups, params: dict) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(groups, lr=params.get("lr", 1e-3),
+                             betas=tuple(params.get("betas", (0.9, 0.999))),
+                             eps=params.get("eps", 1e-8))
+
+
+def _sgd(groups, params: dict) -> torch.optim.Optimizer:
+    return torch.optim.SGD(groups, lr=params.get("lr", 1e-3), momentum=params.get("momentum", 0.0),
+                           nesterov=params.get("nesterov", False))
+
+
+# GPT-NeoX's "Adam" with weight decay is DeepSpeed's FusedAdam in AdamW mode: decoupled decay.
+OPTIMIZERS = {"adam": _adamw, "adamw": _adamw, "sgd": _sgd}
+
+
+def build_optimizer(model: torch.nn.Module, optimizer_type: str, params: dict,
+                    weight_decay: float) -> torch.optim.Optimizer:
+    """The torch optimizer for `optimizer: {type, params}`; an unknown type lists the valid ones."""
+    key = optimizer_type.lower()
+    if key not in OPTIMIZERS:
+        raise ValueError(f"optimizer type {optimizer_type!r} is not supported; valid: "
+                         f"{', '.join(sorted(OPTIMIZERS))}")
+    params = dict(params)
+    decay = params.pop("weight_decay", weight_decay)
+    return OPTIMIZERS[key](param_groups(model, decay), params)

@@ -1,0 +1,57 @@
+"""One optimizer step (all micro-batches of a global batch) and one evaluation step.
+
+Both return the loss averaged over micro-batches and data-parallel ranks, identical on all ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from megatron.model.gpt import lm_loss
+
+
+def _dp_mean(value: torch.Tensor, engine) -> float:
+    """Average a scalar over the data-parallel group (the pipeline engine already did)."""
+    group = engine.engine.data_parallel_group if hasattr(engine.engine, "data_parallel_group") else None
+    size = dist.get_world_size(group=group)
+    value = value.detach().float().clone()
+    if size > 1:
+        dist.all_reduce(value, group=group)
+        value /= size
+    return value.item()
+
+
+def train_step(engine, micro_batches) -> float:
+    """Forward/backward over gradient_accumulation_steps micro-batches, then one optimizer step.
+
+    `micro_batches` is an iterator of ((tokens, position_ids, mask), (labels, loss_mask)).
+    """
+    ds = engine.engine
+    if engine.is_pipeline:
+        return ds.train_batch(data_iter=micro_batches).item()
+    total = torch.zeros(())
+    steps = ds.gradient_accumulation_steps()
+    for _ in range(steps):
+        inputs, targets = next(micro_batches)
+        loss = lm_loss(ds(*inputs), targets)
+        ds.backward(loss)
+        ds.step()
+        total += loss.detach().float()
+    return _dp_mean(total / steps, engine)
+
+
+@torch.no_grad()
+def eval_step(engine, micro_batches) -> float:
+    """The loss over one global batch without updating anything."""
+    ds = engine.engine
+    if engine.is_pipeline:
+        return ds.eval_batch(data_iter=micro_batches).item()
+    ds.eval()
+    total = torch.zeros(())
+    steps = ds.gradient_accumulation_steps()
+    for _ in range(steps):
+        inputs, targets = next(micro_batches)
+        total += lm_loss(ds(*inputs), targets).float()
+    ds.train()
+    return _dp_mean(total / steps, engine)

@@ -1,0 +1,126 @@
+"""The GPT model: shapes, loss at init, weight tying, deterministic init, architecture options."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from megatron.model.attention_impls import reference_attention, sdpa_attention
+from megatron.model.config import ModelConfig
+from megatron.model.gpt import GPTModel, lm_loss
+
+
+def config(**overrides) -> ModelConfig:
+    base = dict(num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=4,
+                intermediate_size=256, seq_length=16, max_position_embeddings=32,
+                padded_vocab_size=128, init_method="normal", output_layer_init_method="scaled_normal")
+    base.update(overrides)
+    return ModelConfig(**base)
+
+
+def run(model, batch=2, seq=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 128, (batch, seq), generator=g)
+    positions = torch.arange(seq).expand(batch, seq)
+    return tokens, model(tokens, positions)
+
+
+VARIANTS = {
+    "neox": {},
+    "pythia": dict(rotary_pct=0.25, gpt_j_residual=True),
+    "llama": dict(norm="rmsnorm", activation="swiglu", num_kv_heads=2, use_bias_in_attn_linear=False,
+                  use_bias_in_mlp=False, use_bias_in_norms=False),
+    "learned_tied": dict(pos_emb="learned", tied_embeddings=True),
+    "alibi_mqa": dict(pos_emb="alibi", num_kv_heads=1),
+    "sinusoidal_local": dict(pos_emb="sinusoidal", attention_types=("local", "global"),
+                             sliding_window_width=4),
+    "no_pos_scalenorm_geglu": dict(pos_emb="none", norm="scalenorm", activation="geglu"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_each_architecture_starts_near_uniform_loss_and_backprops(name):
+    model = GPTModel(config(**VARIANTS[name]))
+    tokens, logits = run(model)
+    assert logits.shape == (2, 16, 128)
+    labels = torch.randint(0, 128, tokens.shape, generator=torch.Generator().manual_seed(9))
+    loss = lm_loss(logits, (labels, torch.ones_like(labels)))
+    # small-std init: predictions are close to uniform over the vocabulary
+    assert abs(loss.item() - math.log(128)) < 0.6
+    loss.backward()
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_same_seed_same_weights_and_other_seed_differs():
+    a, b = GPTModel(config()), GPTModel(config())
+    c = GPTModel(config(seed=7))
+    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
+        assert torch.equal(pa, pb), name
+    assert not torch.equal(a.layers[0].word_embeddings.weight, c.layers[0].word_embeddings.weight)
+
+
+def test_layer_weights_do_not_depend_on_the_number_of_layers():
+    # each layer draws from its own generator: what a pipeline stage builds matches one process
+    short, deep = GPTModel(config(num_layers=2)), GPTModel(config(num_layers=4))
+    assert torch.equal(short.layers[1].attention.query_key_value.weight,
+                       deep.layers[1].attention.query_key_value.weight)
+
+
+def test_tied_embeddings_share_one_tensor():
+    model = GPTModel(config(tied_embeddings=True))
+    embeds = [m for m in model.layers if hasattr(m, "word_embeddings")]
+    assert len(embeds) == 1
+    names = [n for n, _ in model.named_parameters()]
+    assert not any(n.endswith("weight") and "LMHead" in n for n in names)
+    tokens, logits = run(model)
+    hidden_to_logits = embeds[0].word_embeddings.weight
+    assert logits.shape[-1] == hidden_to_logits.shape[0]
+
+
+def test_causality_future_tokens_do_not_change_past_logits():
+    for variant in ("neox", "alibi_mqa", "sinusoidal_local"):
+        model = GPTModel(config(**VARIANTS[variant])).eval()
+        tokens = torch.randint(0, 128, (1, 16))
+        pos = torch.arange(16).unsqueeze(0)
+        changed = tokens.clone()
+        changed[0, 10:] = (changed[0, 10:] + 1) % 128
+        with torch.no_grad():
+            a, b = model(tokens, pos), model(changed, pos)
+        assert torch.allclose(a[0, :10], b[0, :10], atol=1e-5), variant
+        assert not torch.allclose(a[0, 10:], b[0, 10:]), variant
+
+
+def test_sdpa_matches_reference_attention_with_gqa_and_masks():
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 8, 16, generator=g)
+    k, v = torch.randn(2, 2, 8, 16, generator=g), torch.randn(2, 2, 8, 16, generator=g)
+    for mask in (None, torch.ones(8, 8, dtype=torch.bool).tril().view(1, 1, 8, 8),
+                 torch.randn(1, 4, 8, 8, generator=g).masked_fill(
+                     ~torch.ones(8, 8, dtype=torch.bool).tril(), float("-inf"))):
+        assert torch.allclose(sdpa_attention(q, k, v, mask, 0.0, False),
+                              reference_attention(q, k, v, mask, 0.0, True), atol=1e-5)
+
+
+def test_lm_loss_ignores_masked_positions():
+    logits = torch.randn(2, 4, 10)
+    labels = torch.randint(0, 10, (2, 4))
+    mask = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.float)
+    expected = F.cross_entropy(logits[mask.bool()], labels[mask.bool()])
+    assert torch.allclose(lm_loss(logits, (labels, mask)), expected)
+
+
+def test_rotary_matches_a_direct_complex_rotation():
+    from megatron.model.positional import RotaryEmbedding
+
+    rope = RotaryEmbedding(rotary_ndims=8, base=10000.0, max_positions=16)
+    x = torch.randn(1, 1, 5, 8)
+    cos, sin = rope.cos_sin(torch.arange(5).unsqueeze(0))
+    out = rope.rotate(x, cos, sin)
+    # rotate-half pairs channel i with i + 4, by angle pos * base^(-2i/8)
+    pos = torch.arange(5).float().view(5, 1)
+    theta = pos * (1.0 / 10000 ** (torch.arange(0, 8, 2).float() / 8))
+    z = torch.complex(x[0, 0, :, :4], x[0, 0, :, 4:]) * torch.polar(torch.ones_like(theta), theta)
+    assert torch.allclose(out[0, 0, :, :4], z.real, atol=1e-5)
+    assert torch.allclose(out[0, 0, :, 4:], z.imag, atol=1e-5)
