@@ -1,0 +1,277 @@
+"""Reading config files and overrides into one flat set of typed user values.
+
+Steps: read each YAML file (GPT-NeoX's JSON-style files with comments and trailing commas are
+YAML) -> spell keys canonically (dashes become underscores; renamed GPT-NeoX keys are accepted
+with a warning) -> refuse unknown and not-yet-implemented keys -> merge left to right, a later
+source replacing a key's whole value (logged with both sources) -> apply overrides ("key=value"
+strings parsed as YAML, or a dict; "optimizer.params.lr=0.001" sets inside a mapping) -> check
+every value against its field's type. Defaults are filled in by the section dataclasses.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+from ..monitoring.logger import get_logger
+from .errors import ConfigError, ConfigFileNotFoundError
+from .fields import TypeMismatch, coerce, describe, field_types
+from .neox_keys import NOT_YET_IMPLEMENTED, RENAMED, RUNTIME_KEYS, not_implemented_reason
+from .registries import CANONICALISED_KEYS, REGISTRIES
+from .sections import FIELD_SECTION, SECTIONS
+
+log = get_logger(__name__)
+
+COMMAND_LINE = "command line"
+FIELD_TYPES: dict[str, Any] = {
+    name: tp for cls in SECTIONS.values() for name, tp in field_types(cls).items()
+}
+FIELD_DEFAULTS: dict[str, Any] = {
+    f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
+    for cls in SECTIONS.values() for f in dataclasses.fields(cls)
+}
+MAPPING_KEYS = frozenset(k for k, tp in FIELD_TYPES.items() if "mapping" in describe(tp))
+
+
+@dataclass
+class Resolved:
+    """The keys a user set (canonical name -> typed value), where each came from, and the log."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    log: list[str] = field(default_factory=list)
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML safe loader that refuses a key repeated inside one mapping."""
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if isinstance(key, (str, int, float, bool)) and key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None,
+                f"key {key!r} appears twice (first on line {seen[key]})", key_node.start_mark,
+            )
+        if isinstance(key, (str, int, float, bool)):
+            seen[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def read_yml(path: str | os.PathLike) -> dict[str, Any]:
+    """The top-level mapping of one config file; `ConfigError` naming the file (and line)."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise ConfigFileNotFoundError(
+            f"Config file not found: {path} (relative paths start at {os.getcwd()})."
+        )
+    if os.path.isdir(path):
+        raise ConfigError(f"Config path {path} is a directory; give a .yml file.")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        data = yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f", line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(
+            f"{path}{line}: YAML syntax error: {problem}. Fix the file there (entries of a "
+            "{...} mapping are separated by commas)."
+        ) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path} must hold a mapping of config keys (key: value), not a {type(data).__name__}."
+        )
+    return data
+
+
+def parse_overrides(overrides: Iterable[str] | Mapping[str, Any] | None) -> dict[str, Any]:
+    """Overrides as a dict: "key=value" strings have their value parsed as YAML."""
+    if overrides is None:
+        return {}
+    if isinstance(overrides, Mapping):
+        return dict(overrides)
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    parsed: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, text = str(item).partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(
+                f"Override '{item}' must look like key=value, e.g. train_iters=100."
+            )
+        try:
+            parsed[key.strip()] = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"Override '{item}': the value is not valid YAML ({e}).") from None
+    return parsed
+
+
+def _nearest(key: str) -> str:
+    names = list(FIELD_TYPES) + list(RENAMED)
+    close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)
+    if close:
+        return f"Did you mean: {', '.join(close)}?"
+    return "No valid key is close to it; every key is listed in configs/README.md."
+
+
+def canonical_key(raw: Any, value: Any, source: str) -> str | None:
+    """The field a written key sets; None for a switched-off GPT-NeoX option (ignored)."""
+    if not isinstance(raw, str):
+        raise ConfigError(f"Config key {raw!r} in {source} is not a string.")
+    key = raw.strip().replace("-", "_")
+    if key in RENAMED:
+        log.warning(
+            "%s: '%s' is GPT-NeoX's old name for '%s'; it is read as '%s' (rename it).",
+            source, raw, RENAMED[key], RENAMED[key],
+        )
+        key = RENAMED[key]
+    if key in FIELD_TYPES:
+        return key
+    if key in RUNTIME_KEYS:
+        raise ConfigError(
+            f"'{raw}' in {source} is not a config option here: it is {RUNTIME_KEYS[key]}. "
+            "Remove it."
+        )
+    if key in NOT_YET_IMPLEMENTED:
+        if value is None or value is False:
+            log.warning("%s: '%s' is set to %r and ignored (%s).", source, raw, value,
+                        not_implemented_reason(key))
+            return None
+        raise ConfigError(f"{source}: {not_implemented_reason(key)}.")
+    raise ConfigError(f"Unknown config key '{raw}' in {source}. {_nearest(key)}")
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _set_nested(base: Any, path: list[str], value: Any, raw: str, source: str) -> dict:
+    if not isinstance(base, dict):
+        raise ConfigError(f"'{raw}' in {source}: {path[0]} is not a mapping, so it has no keys.")
+    result = copy.deepcopy(base)
+    node = result
+    for part in path[1:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"'{raw}' in {source}: {part} is not a mapping, so it has no keys.")
+    node[path[-1]] = value
+    return result
+
+
+def merge_layer(
+    resolved: Resolved, source: str, values: Mapping[str, Any], log_defaults: bool = False
+) -> None:
+    """Apply one source's keys on top of `resolved`. A key set again is logged with both sources;
+    with log_defaults (command-line overrides), a key replacing its default is logged too."""
+    written: dict[str, str] = {}
+    for raw, value in values.items():
+        head, *rest = raw.split(".") if isinstance(raw, str) else (raw,)
+        key = canonical_key(head, value, source)
+        if key is None:
+            continue
+        if rest:
+            if key not in MAPPING_KEYS:
+                raise ConfigError(
+                    f"'{raw}' in {source}: {key} is not a mapping, so it has no keys."
+                )
+            base = resolved.values.get(key, FIELD_DEFAULTS[key])
+            value = _set_nested(base if base is not None else {}, [key, *rest], value, raw, source)
+        elif key in written:
+            raise ConfigError(
+                f"{source} sets '{key}' twice (as '{written[key]}' and '{raw}'); keep one."
+            )
+        written[key] = raw
+        if key in resolved.values or log_defaults:
+            old, old_source = (
+                (resolved.values[key], resolved.sources[key]) if key in resolved.values
+                else (FIELD_DEFAULTS[key], "default")
+            )
+            line = f"{key}: {_show(old)} ({old_source}) -> {_show(value)} ({source})"
+            resolved.log.append(line)
+            log.info("config override %s", line)
+        resolved.values[key] = value
+        resolved.sources[key] = source
+
+
+def _typed(key: str, value: Any, source: str) -> Any:
+    try:
+        value = coerce(value, FIELD_TYPES[key])
+    except TypeMismatch as e:
+        raise ConfigError(
+            f"'{key}' in {source} must be {e.expected}, but it is {_show(value)} "
+            f"({type(value).__name__})."
+        ) from None
+    if key == "optimizer":
+        value = _normalise_optimizer(value)
+    if key in CANONICALISED_KEYS and isinstance(value, str):
+        value = REGISTRIES[key].canonical(value) or value
+    return value
+
+
+def _number(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _normalise_optimizer(opt: dict) -> dict:
+    """Numeric strings in optimizer.params become floats; the type gets its registered spelling."""
+    opt = copy.deepcopy(opt)
+    if isinstance(opt.get("type"), str):
+        opt["type"] = REGISTRIES["optimizer.type"].canonical(opt["type"]) or opt["type"]
+    params = opt.get("params")
+    if isinstance(params, dict):
+        for k in ("lr", "eps", "weight_decay", "momentum"):
+            if k in params:
+                params[k] = _number(params[k])
+        if isinstance(params.get("betas"), list):
+            params["betas"] = [_number(b) for b in params["betas"]]
+    return opt
+
+
+def resolve(
+    layers: Iterable[tuple[str, Mapping[str, Any]]], log_defaults_from: Iterable[str] = ()
+) -> Resolved:
+    """Merge (source, values) layers left to right and type every value that was set; every key
+    of a source named in log_defaults_from is logged, even when it only replaces a default."""
+    resolved = Resolved()
+    log_sources = set(log_defaults_from)
+    for source, values in layers:
+        merge_layer(resolved, source, values, log_defaults=source in log_sources)
+    resolved.values = {
+        k: _typed(k, v, resolved.sources[k]) for k, v in resolved.values.items()
+    }
+    return resolved
+
+
+def file_layers(paths: Iterable[str | os.PathLike]) -> list[tuple[str, dict[str, Any]]]:
+    """(path, mapping) for each config file, read in order."""
+    return [(os.fspath(p), read_yml(p)) for p in paths]
+
+
+def build_sections(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Section name -> section dataclass, from the typed values a user set (defaults elsewhere)."""
+    grouped: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    for key, value in values.items():
+        grouped[FIELD_SECTION[key]][key] = value
+    return {name: SECTIONS[name](**grouped[name]) for name in SECTIONS}

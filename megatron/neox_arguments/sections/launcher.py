@@ -1,0 +1,64 @@
+"""The launcher section: which hosts and processes run, and what each worker inherits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..fields import option
+
+DEFAULT_EXPORT_ENV_VARS = ["WANDB_API_KEY", "WANDB_MODE", "HF_TOKEN", "HF_HOME", "PYTHONPATH"]
+
+
+@dataclass(frozen=True)
+class LauncherArgs:
+    """Read by deepy.py before any worker starts; workers see the resolved world size."""
+
+    hostfile: str | None = option(
+        None, "MPI-style hostfile, one `hostname slots=N` line per node."
+    )
+    include: str | None = option(
+        None, "Hosts/slots to use, e.g. \"worker-0@worker-1:0,2\" (DeepSpeed's --include)."
+    )
+    exclude: str | None = option(None, "Hosts/slots to leave out (same format as include).")
+    num_nodes: int = option(-1, "Nodes to run on, the first ones of the hostfile; -1 means all.")
+    num_gpus: int | None = option(
+        None,
+        "Processes per node: GPUs per node, or CPU processes on a machine without GPUs; "
+        "null means all GPUs (the launcher counts them; config checks assume 1, or one "
+        "model replica per node if 1 is too few).",
+    )
+    master_addr: str | None = option(
+        None, "Address of the rank-0 node (null: the first host, or localhost)."
+    )
+    master_port: int = option(29500, "TCP port of the rank-0 rendezvous.")
+    launcher: str = option(
+        "pdsh",
+        "Multi-node launcher: pdsh, openmpi, mvapich, slurm, jsrun, mpich or impi.",
+    )
+    deepspeed_mpi: bool = option(
+        False, "Discover rank and world size from the MPI environment."
+    )
+    deepspeed_slurm: bool = option(
+        False, "Discover rank and world size from the SLURM environment."
+    )
+    comment: str | None = option(None, "Comment passed to the launcher (e.g. SLURM --comment).")
+    account: str | None = option(None, "Account passed to the scheduler (e.g. SLURM --account).")
+    no_ssh: bool = option(
+        False,
+        "Start this node's workers locally instead of over ssh; run once per node with node_rank.",
+    )
+    node_rank: int | None = option(
+        None, "This node's rank (0 .. num_nodes-1) when launching per node with no_ssh."
+    )
+    export_env_vars: list[str] = option(
+        DEFAULT_EXPORT_ENV_VARS,
+        "Environment variables copied from the launching shell to every worker when set there.",
+    )
+    omp_num_threads: int | None = option(
+        None, "OMP_NUM_THREADS of each worker (null: CPU cores // processes per node)."
+    )
+    distributed_timeout_minutes: float = option(
+        10.0,
+        "Timeout of distributed initialisation and collectives, in minutes; fractions allowed "
+        "(0.05 = 3 s, as tests use).",
+    )

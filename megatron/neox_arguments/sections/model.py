@@ -1,0 +1,114 @@
+"""The model section: shape, positional embedding, norm, activation, init and fused-kernel flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..fields import option
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """What the network looks like; blocks receive this section and nothing else of the config."""
+
+    num_layers: int | None = option(None, "Number of transformer layers (required).")
+    hidden_size: int | None = option(None, "Width of the residual stream (required).")
+    num_attention_heads: int | None = option(
+        None, "Number of attention (query) heads (required); must divide hidden_size."
+    )
+    num_kv_heads: int | None = option(
+        None,
+        "Key/value heads for grouped-query attention; null gives one per query head "
+        "(multi-head attention), 1 gives multi-query attention.",
+    )
+    intermediate_size: int | None = option(
+        None,
+        "MLP size; null means 4 * hidden_size. Gated activations (geglu, swiglu, reglu) "
+        "follow GPT-NeoX: width int(size * 2 / 3) // 2; see args.derived.intermediate_size.",
+    )
+    mlp_multiple_of: int = option(1, "Round the MLP width up to a multiple of this.")
+    seq_length: int | None = option(None, "Training sequence length in tokens (required).")
+    max_position_embeddings: int | None = option(
+        None, "Longest sequence the model supports (required); at least seq_length."
+    )
+    pos_emb: str = option(
+        "learned", "Positional embedding: learned, rotary, sinusoidal, alibi or none."
+    )
+    rotary_pct: float = option(
+        1.0, "Fraction of each attention head's dimensions that rotary embedding rotates."
+    )
+    rotary_emb_base: int = option(10000, "Base (theta) of the rotary embedding frequencies.")
+    norm: str = option("layernorm", "Normalisation layer: layernorm, rmsnorm or scalenorm.")
+    layernorm_epsilon: float = option(1.0e-5, "Epsilon of layernorm.")
+    rms_norm_epsilon: float = option(1.0e-8, "Epsilon of rmsnorm.")
+    scalenorm_epsilon: float = option(1.0e-8, "Epsilon of scalenorm.")
+    activation: str = option(
+        "gelu", "MLP activation: gelu, relu, silu, or the gated geglu, swiglu, reglu."
+    )
+    no_weight_tying: bool = option(
+        True,
+        "Give the output head its own weights instead of reusing the input embedding "
+        "(true by default here; GPT-NeoX's default is false).",
+    )
+    gpt_j_residual: bool = option(
+        False,
+        "Parallel residual as in GPT-J: x + attn(ln1(x)) + mlp(ln2(x)) instead of two "
+        "sequential residual blocks.",
+    )
+    gpt_j_tied: bool = option(
+        False, "With gpt_j_residual, share one layer norm between the attention and MLP branches."
+    )
+    use_bias_in_norms: bool = option(True, "Give norm layers a bias (shift) parameter.")
+    use_bias_in_attn_linear: bool = option(
+        True, "Give the attention projections (QKV and output) bias terms."
+    )
+    use_bias_in_mlp: bool = option(True, "Give the MLP projections bias terms.")
+    hidden_dropout: float = option(0.0, "Dropout probability on the outputs of attention and MLP.")
+    attention_dropout: float = option(0.0, "Dropout probability on the attention weights.")
+    init_method: str = option(
+        "normal",
+        "Init of all weights except residual-output projections: normal, scaled_normal, "
+        "orthogonal, scaled_orthogonal, xavier_uniform, xavier_normal, wang_init, small_init.",
+    )
+    output_layer_init_method: str = option(
+        "scaled_normal",
+        "Init of the projections that write into the residual stream "
+        "(same choices as init_method).",
+    )
+    init_method_std: float = option(
+        0.02, "Standard deviation of the normal and scaled_normal initialisations."
+    )
+    attention_config: list | None = option(
+        None,
+        'Attention type per layer in GPT-NeoX\'s run-length form, e.g. [[["global", "local"], 6]] '
+        "for 12 alternating layers; null means global everywhere. Types: global (torch SDPA), "
+        "local (sliding window), flash (flash-attn package).",
+    )
+    sliding_window_width: int | None = option(
+        None, "Window in tokens of local attention layers (required when any layer is local)."
+    )
+    attention_softmax_in_fp32: bool = option(
+        False, "Compute the attention softmax in float32 under fp16/bf16."
+    )
+    output_layer_parallelism: str = option(
+        "column",
+        "How the output head is split across tensor-parallel ranks; only column (over the "
+        "vocabulary) is supported.",
+    )
+    make_vocab_size_divisible_by: int = option(
+        128,
+        "Pad the vocabulary to a multiple of this times model_parallel_size "
+        "(see padded_vocab_size).",
+    )
+    scaled_upper_triang_masked_softmax_fusion: bool = option(
+        False, "Use the fused causal-mask softmax kernel where available."
+    )
+    scaled_masked_softmax_fusion: bool = option(
+        False, "Use the fused general-mask softmax kernel where available."
+    )
+    bias_gelu_fusion: bool = option(False, "Use the fused bias + gelu kernel where available.")
+    bias_dropout_fusion: bool = option(
+        False, "Use the fused bias + dropout + residual-add kernel where available."
+    )
+    rope_fusion: bool = option(False, "Use the fused rotary-embedding kernel where available.")
+    layernorm_fusion: bool = option(False, "Use the fused layernorm kernel where available.")

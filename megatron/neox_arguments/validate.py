@@ -1,0 +1,373 @@
+"""A15: the config is consistent. Every rule names the keys, their values and what must hold.
+
+`validate(c, world_size)` checks the flat, typed config `c` (every field, after merging) and
+raises one `ConfigError` listing every broken rule. Required keys are checked first: the other
+rules need them. Warnings (settings that are ignored) go to the project logger.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from typing import Any, Callable, Iterator, Mapping
+
+from ..monitoring.logger import get_logger
+from . import derived as d
+from .errors import ConfigError
+from .registries import REGISTRIES, check_choice
+from .sections.deepspeed import BF16_KEYS, FP16_KEYS, NEOX_FP16_EXTRA_KEYS
+
+log = get_logger(__name__)
+
+Config = Mapping[str, Any]
+REQUIRED = (
+    "num_layers", "hidden_size", "num_attention_heads", "seq_length",
+    "max_position_embeddings", "train_iters",
+)
+FLASH_HINT = (
+    "install it with `pip install -r requirements/requirements-flashattention.txt` (needs CUDA), "
+    "or use attention type global (torch scaled_dot_product_attention)"
+)
+# DeepSpeed entries generated from dedicated keys; deepspeed_extra_args must not repeat them.
+GENERATED_DS_KEYS = {
+    "train_batch_size": "train_batch_size", "train_micro_batch_size_per_gpu":
+    "train_micro_batch_size_per_gpu", "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "gradient_clipping": "gradient_clipping", "zero_optimization": "zero_optimization",
+    "fp16": "fp16 / precision", "bf16": "bf16 / precision", "steps_per_print": "steps_per_print",
+    "wall_clock_breakdown": "wall_clock_breakdown", "zero_allow_untested_optimizer":
+    "zero_allow_untested_optimizer", "optimizer": "optimizer (built in torch, never by DeepSpeed)",
+    "scheduler": "lr_decay_style (the schedule runs outside DeepSpeed)",
+}
+
+
+def validate(c: Config, world_size: int | None = None) -> None:
+    """Raise `ConfigError` listing every consistency rule `c` breaks (A15)."""
+    problems = list(_required(c))
+    if not problems:
+        for rule in RULES:
+            problems.extend(rule(c, world_size))
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError(
+            f"The config has {len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems)
+        )
+
+
+def _required(c: Config) -> Iterator[str]:
+    for key in REQUIRED:
+        if c[key] is None:
+            yield f"{key} is required but not set; add it to a config file or the command line."
+        elif c[key] < 1:
+            yield f"{key}({c[key]}) must be at least 1."
+
+
+def _choice(key: str, value: str) -> Iterator[str]:
+    try:
+        check_choice(key, value)
+    except ConfigError as e:
+        yield str(e)
+
+
+def _choices(c: Config, world_size: int | None) -> Iterator[str]:
+    for key in REGISTRIES:
+        if isinstance(c.get(key), str):  # attention_config and optimizer.type are checked apart
+            yield from _choice(key, c[key])
+    method = c["pipe_partition_method"]
+    if method.startswith("type:"):
+        try:
+            re.compile(method[len("type:"):])
+        except re.error as e:
+            yield f"pipe_partition_method '{method}' has an invalid regex after 'type:': {e}."
+    elif method not in ("parameters", "uniform"):
+        yield (
+            f"pipe_partition_method '{method}' is not valid; use parameters, uniform or "
+            "type:<regex> (e.g. type:transformer)."
+        )
+
+
+def _heads(c: Config, world_size: int | None) -> Iterator[str]:
+    h, heads, tp = c["hidden_size"], c["num_attention_heads"], c["model_parallel_size"]
+    if tp < 1:
+        yield f"model_parallel_size({tp}) must be at least 1."
+        return
+    if h % heads:
+        yield f"hidden_size({h}) % num_attention_heads({heads}) = {h % heads}; it must be 0."
+    if heads % tp:
+        yield (
+            f"num_attention_heads({heads}) % model_parallel_size({tp}) = {heads % tp}; "
+            "it must be 0 so every tensor-parallel rank gets whole heads."
+        )
+    kv = c["num_kv_heads"]
+    if kv is not None:
+        if kv < 1 or heads % kv:
+            yield f"num_kv_heads({kv}) must divide num_attention_heads({heads})."
+        elif kv % tp:
+            yield (
+                f"num_kv_heads({kv}) % model_parallel_size({tp}) = {kv % tp}; it must be 0 so "
+                "every tensor-parallel rank gets whole key/value heads."
+            )
+
+
+def _shape(c: Config, world_size: int | None) -> Iterator[str]:
+    h, heads = c["hidden_size"], c["num_attention_heads"]
+    if c["seq_length"] > c["max_position_embeddings"]:
+        yield (
+            f"seq_length({c['seq_length']}) > max_position_embeddings"
+            f"({c['max_position_embeddings']}); seq_length must be at most max_position_embeddings."
+        )
+    if c["pipe_parallel_size"] < 0:
+        yield f"pipe_parallel_size({c['pipe_parallel_size']}) must be 0 or more."
+    elif c["pipe_parallel_size"] > c["num_layers"]:
+        yield (
+            f"pipe_parallel_size({c['pipe_parallel_size']}) > num_layers({c['num_layers']}); "
+            "every pipeline stage needs at least one layer."
+        )
+    if c["pos_emb"] == "rotary" and h % heads == 0:
+        rot = int(h // heads * c["rotary_pct"])
+        if not 0 < c["rotary_pct"] <= 1 or rot < 2 or rot % 2:
+            yield (
+                f"rotary_pct({c['rotary_pct']}) * head dim({h // heads}) = {rot} rotary dims; "
+                "rotary_pct must be in (0, 1] and give an even number of at least 2."
+            )
+    for key in ("mlp_multiple_of", "make_vocab_size_divisible_by", "intermediate_size",
+                "checkpoint_num_layers", "rotary_emb_base"):
+        if c[key] is not None and c[key] < 1:
+            yield f"{key}({c[key]}) must be at least 1."
+    for key in ("hidden_dropout", "attention_dropout"):
+        if not 0 <= c[key] < 1:
+            yield f"{key}({c[key]}) must be in [0, 1)."
+    for key in ("init_method_std", "layernorm_epsilon", "rms_norm_epsilon", "scalenorm_epsilon"):
+        if not c[key] > 0:
+            yield f"{key}({c[key]}) must be greater than 0."
+
+
+def _attention(c: Config, world_size: int | None) -> Iterator[str]:
+    try:
+        types = d.expand_attention_types(c["attention_config"], c["num_layers"])
+    except ConfigError as e:
+        yield str(e)
+        return
+    if len(types) != c["num_layers"]:
+        yield (
+            f"attention_config expands to {len(types)} layer types but num_layers is "
+            f"{c['num_layers']}; they must match."
+        )
+    for name in sorted(set(types)):
+        yield from _choice("attention_config", name)
+    width = c["sliding_window_width"]
+    if "local" in types and width is None:
+        yield "attention_config has local layers, so sliding_window_width must be set."
+    if width is not None and width < 1:
+        yield f"sliding_window_width({width}) must be at least 1."
+    if "flash" in types and importlib.util.find_spec("flash_attn") is None:
+        yield (
+            "attention_config asks for flash attention but flash_attn is not installed; "
+            f"{FLASH_HINT}."
+        )
+
+
+def _world(c: Config, world_size: int | None) -> Iterator[str]:
+    tp, pp = c["model_parallel_size"], c["pipe_parallel_size"]
+    world = d.resolve_world_size(c, world_size)
+    where = (
+        f"num_nodes({c['num_nodes']}) * num_gpus({c['num_gpus']}) = {world}"
+        if world_size is None else f"{world}"
+    )
+    stages = d.pipeline_stages(pp)
+    if world < 1 or tp < 1 or pp < 0:
+        return  # reported by the num_gpus / degree rules
+    if world % (tp * stages):
+        yield (
+            f"world_size({where}) is not divisible by model_parallel_size({tp}) * "
+            f"pipe_parallel_size({stages}) = {tp * stages}: data_parallel_size = world_size / "
+            "(model_parallel_size * pipe_parallel_size) must be a whole number; change the "
+            "degrees or num_nodes / num_gpus."
+        )
+        return
+    stage = c["zero_optimization"].get("stage", 0)
+    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage <= 3:
+        yield f"zero_optimization.stage({stage!r}) must be 0, 1, 2 or 3."
+    elif stage >= 2 and pp >= 2:
+        yield (
+            f"zero_optimization.stage({stage}) with pipe_parallel_size({pp}): DeepSpeed's "
+            "pipeline engine supports ZeRO stage 0 or 1 only; lower the stage or set "
+            "pipe_parallel_size to 0 or 1."
+        )
+    dp = d.data_parallel_size(world, tp, pp)
+    problems = list(_batch_triple(c, dp))
+    yield from problems
+    if not problems:
+        try:
+            d.resolve_batch_sizes(
+                dp, c["train_batch_size"], c["train_micro_batch_size_per_gpu"],
+                c["gradient_accumulation_steps"],
+            )
+        except ConfigError as e:
+            yield str(e)
+
+
+def _batch_triple(c: Config, dp: int) -> Iterator[str]:
+    train, micro, accum = (
+        c["train_batch_size"], c["train_micro_batch_size_per_gpu"], c["gradient_accumulation_steps"]
+    )
+    for key, value in (("train_batch_size", train), ("train_micro_batch_size_per_gpu", micro),
+                       ("gradient_accumulation_steps", accum)):
+        if value is not None and value < 1:
+            yield f"{key}({value}) must be at least 1."
+            return
+    if None not in (train, micro, accum) and train != micro * accum * dp:
+        yield (
+            f"train_micro_batch_size_per_gpu({micro}) * gradient_accumulation_steps({accum}) * "
+            f"data_parallel_size({dp}) = {micro * accum * dp} != train_batch_size({train}); "
+            "give any two of the three and the third is derived."
+        )
+
+
+def _precision(c: Config, world_size: int | None) -> Iterator[str]:
+    fp16, bf16, precision = c["fp16"], c["bf16"], c["precision"]
+    for name, section, known in (("fp16", fp16, FP16_KEYS + NEOX_FP16_EXTRA_KEYS),
+                                 ("bf16", bf16, BF16_KEYS)):
+        for key in sorted(set(section or ()) - set(known)):
+            yield f"{name}.{key} is not a DeepSpeed {name} option; valid keys: {', '.join(known)}."
+    if (fp16 or {}).get("enabled") and (bf16 or {}).get("enabled"):
+        yield "fp16.enabled and bf16.enabled are both true; enable one precision mode only."
+        return
+    if precision is None:
+        return
+    wanted = d.resolve_precision(precision, None, None)
+    modes = d.enabled_precision_modes(fp16, bf16)
+    if modes and modes != [wanted]:
+        yield f"precision is '{precision}' but the {modes[0]} section is enabled; make them agree."
+    for name, section in (("fp16", fp16), ("bf16", bf16)):
+        if wanted == name and section and section.get("enabled") is False:
+            yield f"precision is '{precision}' but {name}.enabled is false; make them agree."
+
+
+def _optimizer(c: Config, world_size: int | None) -> Iterator[str]:
+    opt = c["optimizer"]
+    extra = sorted(set(opt) - {"type", "params"})
+    if extra or not isinstance(opt.get("type"), str) or not isinstance(opt.get("params", {}), dict):
+        yield (
+            f"optimizer must look like {{type: Adam, params: {{lr: 0.0006, betas: [0.9, 0.95], "
+            f"eps: 1.0e-8}}}}; got {opt!r}."
+        )
+        return
+    yield from _choice("optimizer.type", opt["type"])
+    params = opt.get("params") or {}
+    lr = params.get("lr", 0.001)
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+        yield f"optimizer.params.lr({lr!r}) must be a number greater than 0."
+        return
+    betas = params.get("betas", [0.9, 0.999])
+    if not (isinstance(betas, list) and len(betas) == 2
+            and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)):
+        yield f"optimizer.params.betas({betas!r}) must be two numbers in [0, 1)."
+    eps = params.get("eps", 1e-8)
+    if not isinstance(eps, (int, float)) or not eps > 0:
+        yield f"optimizer.params.eps({eps!r}) must be a number greater than 0."
+    if "weight_decay" in params:
+        log.warning(
+            "optimizer.params.weight_decay(%s) is ignored; the top-level weight_decay(%s) is used.",
+            params["weight_decay"], c["weight_decay"],
+        )
+    if c["min_lr"] > lr:
+        yield f"min_lr({c['min_lr']}) > optimizer.params.lr({lr}); min_lr must be at most lr."
+    for key in ("min_lr", "weight_decay", "gradient_clipping"):
+        if c[key] < 0:
+            yield f"{key}({c[key]}) must be 0 or more."
+    if not 0 <= c["warmup"] <= 1:
+        yield f"warmup({c['warmup']}) is a fraction of lr_decay_iters and must be in [0, 1]."
+
+
+def _at_least(c: Config, minimum: int, *keys: str) -> Iterator[str]:
+    for key in keys:
+        if c[key] is not None and c[key] < minimum:
+            yield f"{key}({c[key]}) must be at least {minimum}."
+
+
+def _intervals(c: Config, world_size: int | None) -> Iterator[str]:
+    yield from _at_least(c, 1, "lr_decay_iters", "eval_interval", "log_interval",
+                         "steps_per_print", "exit_interval", "keep_last_n_checkpoints",
+                         "maximum_tokens", "num_samples", "num_gpus", "omp_num_threads")
+    yield from _at_least(c, 0, "eval_iters", "num_workers", "iteration", "top_k",
+                         "eval_num_fewshot", "temperature")
+    if not 0 <= c["seed"] < 2**32:
+        yield f"seed({c['seed']}) must be in [0, 2**32)."
+    if not 0 <= c["top_p"] <= 1:
+        yield f"top_p({c['top_p']}) must be in [0, 1]."
+    if c["text_gen_type"] == "input-file" and not c["sample_input_file"]:
+        yield "text_gen_type is input-file, so sample_input_file must be set."
+
+
+def _checkpoint(c: Config, world_size: int | None) -> Iterator[str]:
+    factor, extra = c["checkpoint_factor"], c["extra_save_iters"]
+    if c["save"] is not None and factor is None and extra is None:
+        yield (
+            f"save is set ({c['save']}) but neither checkpoint_factor nor extra_save_iters is; "
+            "set checkpoint_factor (e.g. 1000) to say when to save."
+        )
+    if factor is not None:
+        low = 1 if c["checkpoint_scale"] == "linear" else 1.0000001
+        if factor < low:
+            yield (
+                f"checkpoint_factor({factor}) with checkpoint_scale {c['checkpoint_scale']} must "
+                f"be {'at least 1' if low == 1 else 'greater than 1'}."
+            )
+    if extra is not None and any(i < 0 for i in extra):
+        yield f"extra_save_iters({extra}) must not contain negative iterations."
+
+
+def _data(c: Config, world_size: int | None) -> Iterator[str]:
+    try:
+        parts = [float(p) for p in c["split"].replace("/", ",").split(",") if p.strip()]
+    except ValueError:
+        parts = []
+    if not 1 <= len(parts) <= 3 or any(p < 0 for p in parts) or sum(parts) <= 0:
+        yield f"split('{c['split']}') must be up to three non-negative numbers, e.g. \"949,50,1\"."
+    names = ("train", "valid", "test")
+    given = [c[f"{n}_data_paths"] is not None for n in names]
+    if any(given) and not all(given):
+        yield "train_data_paths, valid_data_paths and test_data_paths must be given together."
+    if all(given) and c["data_path"] is not None:
+        yield "Give either data_path or train/valid/test_data_paths, not both."
+    for n in names:
+        paths, weights = c[f"{n}_data_paths"], c[f"{n}_data_weights"]
+        if weights is not None and (paths is None or len(weights) != len(paths)):
+            count = "no" if paths is None else len(paths)
+            yield (
+                f"{n}_data_weights has {len(weights)} entries but {n}_data_paths has {count}; "
+                "give one weight per path."
+            )
+
+
+def _launcher(c: Config, world_size: int | None) -> Iterator[str]:
+    nodes, rank = c["num_nodes"], c["node_rank"]
+    if nodes == 0 or nodes < -1:
+        yield f"num_nodes({nodes}) must be -1 (all hosts) or at least 1."
+    if rank is not None and (rank < 0 or (nodes >= 1 and rank >= nodes)):
+        yield f"node_rank({rank}) must be in [0, num_nodes({nodes}))."
+    if c["no_ssh"] and d.resolve_num_nodes(nodes) > 1 and rank is None:
+        yield "no_ssh launches one node at a time, so node_rank must be set when num_nodes > 1."
+    if not 1 <= c["master_port"] <= 65535:
+        yield f"master_port({c['master_port']}) must be in [1, 65535]."
+    if not c["distributed_timeout_minutes"] > 0:
+        minutes = c["distributed_timeout_minutes"]
+        yield f"distributed_timeout_minutes({minutes}) must be greater than 0."
+    bad = [v for v in c["export_env_vars"] if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v)]
+    if bad:
+        yield f"export_env_vars has invalid variable names: {', '.join(map(repr, bad))}."
+
+
+def _deepspeed_extra(c: Config, world_size: int | None) -> Iterator[str]:
+    for key in sorted(set(c["deepspeed_extra_args"] or ()) & set(GENERATED_DS_KEYS)):
+        yield (
+            f"deepspeed_extra_args.{key} would replace the value generated from "
+            f"{GENERATED_DS_KEYS[key]}; set that key instead."
+        )
+
+
+RULES: tuple[Callable[[Config, int | None], Iterator[str]], ...] = (
+    _choices, _heads, _shape, _attention, _world, _precision, _optimizer, _intervals, _checkpoint,
+    _data, _launcher, _deepspeed_extra,
+)

@@ -1,0 +1,90 @@
+"""Real training runs through `python deepy.py train.py configs/tiny.yml`: DeepSpeed launcher,
+gloo processes, the built-in corpus. Each asserts what a user reads afterwards: the loss trace,
+validation lines, checkpoint files, and the iteration a resumed run starts from."""
+
+from pathlib import Path
+
+import pytest
+
+from megatron.neox_arguments import NeoXArgs
+from tests.runs import deepy, explain, read_metrics, tiny_overrides
+
+
+def losses(records):
+    return [r["lm_loss"] for r in records]
+
+
+def assert_learned(train_records, min_drop=0.5):
+    first, last = losses(train_records)[0], losses(train_records)[-1]
+    assert last < first - min_drop, f"loss did not fall: {losses(train_records)}"
+
+
+def test_two_processes_train_evaluate_save_and_resume(small_data, tmp_path):
+    prefix, tok = small_data
+    run = tmp_path / "run"
+    over = tiny_overrides(prefix, tok, run, train_iters=30, tensorboard_dir=str(run / "tb"),
+                          use_wandb=True)
+    proc = deepy("train.py", "configs/tiny.yml", *over, env={"WANDB_MODE": "offline"})
+    assert proc.returncode == 0, explain(proc)
+    train, val = read_metrics(run / "logs")
+    assert [r["iteration"] for r in train] == [5, 10, 15, 20, 25, 30]
+    assert [r["iteration"] for r in val] == [10, 20, 30]
+    assert_learned(train)
+    assert val[-1]["val_loss"] < val[0]["val_loss"]
+    for r in train:
+        assert r["tokens_per_sec"] > 0 and 0 < r["learning_rate"] <= 2e-3 and r["grad_norm"] > 0
+    ckpt = run / "ckpt"
+    assert (ckpt / "latest").read_text().strip() == "global_step30"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["global_step10", "global_step20",
+                                                      "global_step30", "latest"]
+    assert (ckpt / "global_step30" / "mp_rank_00_model_states.pt").stat().st_size > 0
+    saved = NeoXArgs.from_yml_saved(ckpt / "global_step30" / "config.yml")
+    assert saved.train_iters == 30 and saved.seq_length == 64 and saved.data_path == prefix
+    assert f"checkpoint of iteration 30: {ckpt}/global_step30" in proc.stdout
+    assert list((run / "tb").glob("events.out.tfevents.*")), "no TensorBoard event file"
+    assert list((run / "logs").glob("wandb/offline-run-*")), "no offline wandb run"
+
+    resumed = deepy("train.py", "configs/tiny.yml",
+                    *tiny_overrides(prefix, tok, run, train_iters=40))
+    assert resumed.returncode == 0, explain(resumed)
+    assert "from iteration 30 to 40" in resumed.stdout
+    train2, _ = read_metrics(run / "logs")
+    assert [r["iteration"] for r in train2][len(train):] == [35, 40]
+    assert train2[-1]["consumed_samples"] == 40 * 16
+    # the resumed run continues the trained model, not a fresh one
+    assert train2[-1]["lm_loss"] < train[0]["lm_loss"] - 0.5
+    assert (run / "ckpt" / "latest").read_text().strip() == "global_step40"
+
+
+@pytest.mark.parametrize("layout", [
+    {"pipe_parallel_size": 2},
+    {"pipe_parallel_size": 0, "zero_optimization": "{stage: 1}"},
+    {"pipe_parallel_size": 0, "zero_optimization": "{stage: 3}"},
+], ids=["pp2", "zero1", "zero3"])
+def test_parallel_layouts_train_and_save(small_data, tmp_path, layout):
+    prefix, tok = small_data
+    run = tmp_path / "run"
+    proc = deepy("train.py", "configs/tiny.yml",
+                 *tiny_overrides(prefix, tok, run, **layout, checkpoint_factor=20))
+    assert proc.returncode == 0, explain(proc)
+    train, val = read_metrics(run / "logs")
+    assert [r["iteration"] for r in train] == [5, 10, 15, 20] and len(val) == 2
+    assert_learned(train)
+    step_dir = run / "ckpt" / "global_step20"
+    names = {p.name for p in step_dir.iterdir()}
+    if layout.get("pipe_parallel_size") == 2:
+        assert {"mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"} <= names
+    else:
+        assert any(n.startswith("zero_pp_rank_1_") and "optim_states" in n for n in names), names
+    assert "config.yml" in names
+
+
+def test_bf16_single_process(small_data, tmp_path):
+    prefix, tok = small_data
+    run = tmp_path / "run"
+    proc = deepy("train.py", "configs/tiny.yml",
+                 *tiny_overrides(prefix, tok, run, num_gpus=1, bf16="{enabled: true}",
+                                 checkpoint_factor="null", save="null"))
+    assert proc.returncode == 0, explain(proc)
+    train, _ = read_metrics(run / "logs")
+    assert_learned(train, min_drop=0.3)

@@ -1,0 +1,191 @@
+"""Loading: NeoX-style YAML, merge order, overrides, key spellings, and every load-time error."""
+
+from __future__ import annotations
+
+import pytest
+
+from neox_args_helpers import BASE, DATA
+
+from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments.errors import ConfigFileNotFoundError
+from megatron.neox_arguments.neox_keys import NOT_YET_IMPLEMENTED, RENAMED, RUNTIME_KEYS
+from megatron.neox_arguments.sections import FIELD_SECTION
+
+BASE_YML = "{\n" + "".join(f'  "{k}": {v},\n' for k, v in BASE.items()) + "}\n"
+
+
+def test_neox_125m_file_loads_unchanged():
+    args = NeoXArgs.from_ymls([DATA / "neox_125M.yml"])
+    assert args.num_layers == 12 and args.hidden_size == 768 and args.pos_emb == "rotary"
+    assert args.checkpoint_activations and args.weight_decay == 0.1  # dash keys
+    assert args.zero_stage == 1 and args.get("zero_optimization")["overlap_comm"] is True
+    assert args.hostfile == "/mock_path" and args.lr == 0.0006 and args.eps == 1e-8
+    assert args.derived.precision == "fp16" and args.derived.warmup_iters == 3200
+
+
+def test_neox_pythia_file_loads_unchanged():
+    args = NeoXArgs.from_ymls([DATA / "neox_pythia_1B.yml"])
+    assert args.gpt_j_residual and args.rotary_pct == 0.25
+    assert args.derived.precision == "bf16"  # fp16 {type: bfloat16} is GPT-NeoX's bf16
+    assert args.derived.train_batch_size == 16 and args.hidden_dropout == 0.0
+    assert args.extra_save_iters[:4] == [0, 1, 2, 4]
+
+
+def test_neox_pythia_flash_file_needs_flash_attn():
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn") is not None:
+        assert NeoXArgs.from_ymls([DATA / "neox_pythia_160M_flash.yml"]).derived.attention_types[0] == "flash"
+        return
+    with pytest.raises(ConfigError) as e:
+        NeoXArgs.from_ymls([DATA / "neox_pythia_160M_flash.yml"])
+    assert "flash_attn is not installed" in str(e.value)
+    assert "pip install -r requirements/requirements-flashattention.txt" in str(e.value)
+    assert "global" in str(e.value)
+    args = NeoXArgs.from_ymls([DATA / "neox_pythia_160M_flash.yml"], ["attention_config=null"])
+    assert set(args.derived.attention_types) == {"global"}
+
+
+def test_later_files_win_and_each_override_is_logged(write, config_log):
+    a = write("a.yml", BASE_YML)
+    b = write("b.yml", "hidden_size: 128\ntrain_iters: 20\n")
+    c = write("c.yml", "train_iters: 30\n")
+    args = NeoXArgs.from_ymls([a, b, c])
+    assert args.hidden_size == 128 and args.train_iters == 30
+    log = "\n".join(args.overrides_log)
+    assert f"hidden_size: 64 ({a}) -> 128 ({b})" in log
+    assert f"train_iters: 20 ({b}) -> 30 ({c})" in log
+    assert f"train_iters: 10 ({a}) -> 20 ({b})" in log
+    assert any(f"-> 30 ({c})" in line for line in config_log)
+
+
+def test_overrides_strings_dict_and_dotted_keys(write):
+    a = write("a.yml", BASE_YML)
+    args = NeoXArgs.from_ymls(
+        [a],
+        ["train-iters=7", "optimizer={type: AdamW, params: {lr: 1e-3}}",
+         "optimizer.params.betas=[0.8, 0.9]", "eval_tasks=[lambada_openai, piqa]"],
+    )
+    assert args.train_iters == 7 and args.optimizer.type == "AdamW"
+    assert args.lr == 0.001 and args.betas == (0.8, 0.9)  # "1e-3" is a YAML string -> float
+    assert args.eval_tasks == ["lambada_openai", "piqa"]
+    assert "train_iters: 10 (" in args.overrides_log[0] and "-> 7 (command line)" in args.overrides_log[0]
+    assert any("eval_tasks: null (default) -> " in line for line in args.overrides_log)
+    assert NeoXArgs.from_ymls([a], {"seq_length": 16}).seq_length == 16
+
+
+def test_dash_and_underscore_keys_are_the_same_key(write):
+    base = {k: v for k, v in BASE.items() if k != "train_iters"}
+    args = NeoXArgs.from_dict({**base, "train-iters": 5, "pipe-parallel-size": 1})
+    assert args.train_iters == 5 and args.pipe_parallel_size == 1
+    both = write("both.yml", BASE_YML.replace("{\n", '{\n  "seq-length": 16,\n'))
+    with pytest.raises(ConfigError, match="sets 'seq_length' twice"):
+        NeoXArgs.from_ymls([both])
+
+
+def test_unknown_key_names_file_and_nearest_keys(write):
+    path = write("typo.yml", BASE_YML.replace("{\n", '{\n  "hiden_size": 64,\n'))
+    with pytest.raises(ConfigError) as e:
+        NeoXArgs.from_ymls([path])
+    msg = str(e.value)
+    assert "Unknown config key 'hiden_size'" in msg and path in msg
+    assert "Did you mean: hidden_size" in msg
+    with pytest.raises(ConfigError, match="'trian_iters' in command line. Did you mean: train_iters"):
+        NeoXArgs.from_ymls([write("ok.yml", BASE_YML)], ["trian_iters=3"])
+
+
+def test_unknown_key_with_nothing_close():
+    with pytest.raises(ConfigError, match="No valid key is close.*configs/README.md"):
+        NeoXArgs.from_dict({**BASE, "zzzzqqq": 1})
+
+
+def test_not_yet_implemented_neox_key(write):
+    path = write("moe.yml", BASE_YML.replace("{\n", '{\n  "moe_num_experts": 8,\n'))
+    with pytest.raises(ConfigError) as e:
+        NeoXArgs.from_ymls([path])
+    assert "'moe_num_experts' is a GPT-NeoX option this project does not implement yet" in str(e.value)
+    assert path in str(e.value)
+    with pytest.raises(ConfigError, match="inside deepspeed_extra_args"):
+        NeoXArgs.from_dict({**BASE, "flops_profiler": {"enabled": True}})
+
+
+def test_switched_off_neox_option_is_ignored_with_a_warning(config_log):
+    args = NeoXArgs.from_dict({**BASE, "use_bnb_optimizer": False, "sparsity_config": None})
+    assert args.num_layers == 2
+    assert any("WARNING" in l and "'use_bnb_optimizer' is set to False and ignored" in l
+               for l in config_log)
+
+
+def test_runtime_neox_key_is_refused():
+    with pytest.raises(ConfigError, match="'world_size' in test is not a config option.*num_nodes"):
+        NeoXArgs.from_dict({**BASE, "world_size": 8}, source="test")
+
+
+def test_renamed_neox_key_is_accepted_with_a_warning(config_log):
+    args = NeoXArgs.from_dict({**BASE, "save_interval": 50, "clip_grad": 0.5, "save": "/tmp/x"})
+    assert args.checkpoint_factor == 50 and args.gradient_clipping == 0.5
+    assert any("'save_interval' is GPT-NeoX's old name for 'checkpoint_factor'" in l
+               for l in config_log)
+
+
+def test_type_errors_name_key_value_and_expected_type(write):
+    path = write("t.yml", BASE_YML + "")
+    with pytest.raises(ConfigError) as e:
+        NeoXArgs.from_ymls([path], ["train_iters=lots"])
+    assert str(e.value) == "'train_iters' in command line must be int or null, but it is \"lots\" (str)."
+    with pytest.raises(ConfigError, match=r"'no_weight_tying' in test must be bool \(true or false\), but it is 1 \(int\)"):
+        NeoXArgs.from_dict({**BASE, "no_weight_tying": 1}, source="test")
+    with pytest.raises(ConfigError, match="'eval_tasks' in test must be list of str or null"):
+        NeoXArgs.from_dict({**BASE, "eval_tasks": "piqa"}, source="test")
+    with pytest.raises(ConfigError, match="'zero_optimization' in test must be mapping"):
+        NeoXArgs.from_dict({**BASE, "zero_optimization": 1}, source="test")
+
+
+def test_numbers_are_coerced_where_harmless():
+    args = NeoXArgs.from_dict({**BASE, "hidden_dropout": 0, "min_lr": "1e-5", "train_iters": 1.0e+2,
+                               "optimizer": {"type": "adam", "params": {"lr": "6e-4", "eps": "1e-8"}}})
+    assert args.hidden_dropout == 0.0 and isinstance(args.hidden_dropout, float)
+    assert args.min_lr == 1e-5 and args.train_iters == 100 and isinstance(args.train_iters, int)
+    assert args.lr == 6e-4 and args.eps == 1e-8 and args.optimizer.type == "Adam"
+    with pytest.raises(ConfigError, match="'train_iters' in x must be int or null, but it is 10.5"):
+        NeoXArgs.from_dict({**BASE, "train_iters": 10.5}, source="x")
+
+
+def test_yaml_syntax_error_names_file_and_line(write):
+    path = write("broken.yml", '{\n  "num_layers": 2,\n  "hidden_size": 64\n  "seq_length": 32,\n}\n')
+    with pytest.raises(ConfigError) as e:
+        NeoXArgs.from_ymls([path])
+    assert str(e.value).startswith(f"{path}, line 4: YAML syntax error:")
+
+
+def test_duplicate_key_in_one_file_is_refused(write):
+    path = write("dup.yml", "num_layers: 2\nhidden_size: 64\nnum_layers: 4\n")
+    with pytest.raises(ConfigError, match=r"dup.yml, line 3: .*'num_layers' appears twice \(first on line 1\)"):
+        NeoXArgs.from_ymls([path])
+
+
+def test_missing_file_names_the_path():
+    with pytest.raises(ConfigFileNotFoundError, match="Config file not found: nope/missing.yml") as e:
+        NeoXArgs.from_ymls(["nope/missing.yml"])
+    assert isinstance(e.value, FileNotFoundError) and isinstance(e.value, ConfigError)
+
+
+def test_non_mapping_file_and_bad_override(write):
+    with pytest.raises(ConfigError, match="must hold a mapping of config keys"):
+        NeoXArgs.from_ymls([write("list.yml", "- 1\n- 2\n")])
+    with pytest.raises(ConfigError, match="Override 'train_iters' must look like key=value"):
+        NeoXArgs.from_ymls([write("ok.yml", BASE_YML)], ["train_iters"])
+    with pytest.raises(ConfigError, match="train_iters is not a mapping"):
+        NeoXArgs.from_ymls([write("ok2.yml", BASE_YML)], ["train_iters.x=1"])
+
+
+def test_empty_file_is_allowed(write):
+    assert NeoXArgs.from_ymls([write("a.yml", BASE_YML), write("empty.yml", "# nothing\n")]).num_layers == 2
+
+
+def test_neox_key_lists_are_consistent():
+    fields = set(FIELD_SECTION)
+    assert not NOT_YET_IMPLEMENTED & fields
+    assert not set(RUNTIME_KEYS) & fields and not set(RENAMED) & fields
+    assert set(RENAMED.values()) <= fields
+    assert not NOT_YET_IMPLEMENTED & set(RUNTIME_KEYS)

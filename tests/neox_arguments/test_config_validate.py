@@ -1,0 +1,157 @@
+"""A15: each consistency rule fails with a message naming the keys, the values and the rule."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from neox_args_helpers import make
+
+from megatron.neox_arguments import ConfigError
+from megatron.neox_arguments.registries import REGISTRIES
+
+
+def error(world_size=None, **values) -> str:
+    with pytest.raises(ConfigError) as e:
+        make(world_size=world_size, **values)
+    return str(e.value)
+
+
+CASES = [
+    # (values, world_size, expected fragment)
+    ({"hidden_size": 66}, None, "hidden_size(66) % num_attention_heads(4) = 2; it must be 0"),
+    ({"model_parallel_size": 3, "num_attention_heads": 4, "hidden_size": 48}, 3,
+     "num_attention_heads(4) % model_parallel_size(3) = 1"),
+    ({"num_kv_heads": 3}, None, "num_kv_heads(3) must divide num_attention_heads(4)"),
+    ({"num_kv_heads": 1, "model_parallel_size": 2}, 2,
+     "num_kv_heads(1) % model_parallel_size(2) = 1"),
+    ({"model_parallel_size": 2, "pipe_parallel_size": 2}, 6,
+     "world_size(6) is not divisible by model_parallel_size(2) * pipe_parallel_size(2) = 4"),
+    ({"model_parallel_size": 2, "num_gpus": 3}, None,
+     "world_size(num_nodes(-1) * num_gpus(3) = 3) is not divisible by model_parallel_size(2)"),
+    ({"pipe_parallel_size": 3}, 3, "pipe_parallel_size(3) > num_layers(2)"),
+    ({"seq_length": 64}, None, "seq_length(64) > max_position_embeddings(32)"),
+    ({"min_lr": 0.01}, None, "min_lr(0.01) > optimizer.params.lr(0.001)"),
+    ({"warmup": 1.5}, None, "warmup(1.5) is a fraction of lr_decay_iters and must be in [0, 1]"),
+    ({"train_iters": 0}, None, "train_iters(0) must be at least 1"),
+    ({"attention_config": [[["global"], 3]]}, None,
+     "attention_config expands to 3 layer types but num_layers is 2"),
+    ({"attention_config": [["global", 2]]}, None, "attention_config entry 0 is"),
+    ({"attention_config": [[["local"], 2]]}, None, "sliding_window_width must be set"),
+    ({"attention_config": [[["sparse_fixed"], 2]]}, None,
+     "attention_config 'sparse_fixed' is a GPT-NeoX choice this project does not support yet"),
+    ({"zero_optimization": {"stage": 4}}, None, "zero_optimization.stage(4) must be 0, 1, 2 or 3"),
+    ({"zero_optimization": {"stage": 2}, "pipe_parallel_size": 2}, 2,
+     "zero_optimization.stage(2) with pipe_parallel_size(2)"),
+    ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, None,
+     "fp16.enabled and bf16.enabled are both true"),
+    ({"precision": "fp32", "fp16": {"enabled": True}}, None,
+     "precision is 'fp32' but the fp16 section is enabled"),
+    ({"precision": "bf16", "bf16": {"enabled": False}}, None,
+     "precision is 'bf16' but bf16.enabled is false"),
+    ({"fp16": {"enabled": True, "loss_scale_windw": 100}}, None,
+     "fp16.loss_scale_windw is not a DeepSpeed fp16 option"),
+    ({"optimizer": {"type": "Lamb", "params": {"lr": 0.01}}}, None,
+     "optimizer.type 'Lamb' is a GPT-NeoX choice this project does not support yet; choose one of: Adam, AdamW, SGD"),
+    ({"optimizer": {"type": "Adamm", "params": {"lr": 0.01}}}, None,
+     "optimizer.type 'Adamm' is not a valid choice; choose one of: Adam, AdamW, SGD"),
+    ({"optimizer": {"type": "Adam", "params": {"lr": -1}}}, None,
+     "optimizer.params.lr(-1) must be a number greater than 0"),
+    ({"optimizer": {"type": "Adam", "params": {"lr": 0.1, "betas": [0.9]}}}, None,
+     "optimizer.params.betas([0.9]) must be two numbers in [0, 1)"),
+    ({"optimizer": {"lr": 0.1}}, None, "optimizer must look like {type: Adam, params:"),
+    ({"pos_emb": "rpe"}, None, "pos_emb 'rpe' is a GPT-NeoX choice this project does not support yet"),
+    ({"norm": "batchnorm"}, None,
+     "norm 'batchnorm' is not a valid choice; choose one of: layernorm, rmsnorm, scalenorm"),
+    ({"activation": "swish"}, None, "activation 'swish' is a GPT-NeoX choice"),
+    ({"init_method": "he"}, None, "init_method 'he' is not a valid choice; choose one of: normal,"),
+    ({"lr_decay_style": "exponential"}, None, "lr_decay_style 'exponential' is a GPT-NeoX choice"),
+    ({"tokenizer_type": "BertTokenizer"}, None, "tokenizer_type 'BertTokenizer' is not a valid choice"),
+    ({"text_gen_type": "precompute"}, None, "text_gen_type 'precompute' is a GPT-NeoX choice"),
+    ({"text_gen_type": "input-file"}, None, "text_gen_type is input-file, so sample_input_file must be set"),
+    ({"launcher": "mpirun"}, None, "launcher 'mpirun' is not a valid choice; choose one of: pdsh"),
+    ({"pipe_partition_method": "balanced"}, None,
+     "pipe_partition_method 'balanced' is not valid; use parameters, uniform or type:<regex>"),
+    ({"pipe_partition_method": "type:("}, None, "invalid regex after 'type:'"),
+    ({"output_layer_parallelism": "row"}, None, "output_layer_parallelism 'row' is a GPT-NeoX choice"),
+    ({"distributed_backend": "mpi"}, None, "distributed_backend 'mpi' is not a valid choice"),
+    ({"pos_emb": "rotary", "rotary_pct": 0.1}, None, "rotary_pct(0.1) * head dim(16) = 1 rotary dims"),
+    ({"hidden_dropout": 1.0}, None, "hidden_dropout(1.0) must be in [0, 1)"),
+    ({"save": "ckpt"}, None, "save is set (ckpt) but neither checkpoint_factor nor extra_save_iters is"),
+    ({"checkpoint_factor": 1, "checkpoint_scale": "log"}, None,
+     "checkpoint_factor(1) with checkpoint_scale log must be greater than 1"),
+    ({"split": "90,5,5,1"}, None, "split('90,5,5,1') must be up to three non-negative numbers"),
+    ({"train_data_paths": ["a"]}, None,
+     "train_data_paths, valid_data_paths and test_data_paths must be given together"),
+    ({"train_data_paths": ["a"], "valid_data_paths": ["b"], "test_data_paths": ["c"],
+      "train_data_weights": [1.0, 2.0]}, None,
+     "train_data_weights has 2 entries but train_data_paths has 1; give one weight per path"),
+    ({"num_nodes": 2, "node_rank": 2}, None, "node_rank(2) must be in [0, num_nodes(2))"),
+    ({"num_nodes": 2, "no_ssh": True}, None, "node_rank must be set when num_nodes > 1"),
+    ({"master_port": 70000}, None, "master_port(70000) must be in [1, 65535]"),
+    ({"distributed_timeout_minutes": 0}, None, "distributed_timeout_minutes(0.0) must be greater than 0"),
+    ({"export_env_vars": ["OK", "NOT-OK"]}, None, "export_env_vars has invalid variable names: 'NOT-OK'"),
+    ({"top_p": 2.0}, None, "top_p(2.0) must be in [0, 1]"),
+    ({"deepspeed_extra_args": {"optimizer": {"type": "Adam"}}}, None,
+     "deepspeed_extra_args.optimizer would replace the value generated from optimizer"),
+    ({"num_gpus": 0}, None, "num_gpus(0) must be at least 1"),
+]
+
+
+@pytest.mark.parametrize("values,world_size,expected", CASES, ids=[c[2][:40] for c in CASES])
+def test_rule(values, world_size, expected):
+    assert expected in error(world_size=world_size, **values)
+
+
+def test_required_keys_are_named():
+    from megatron.neox_arguments import NeoXArgs
+
+    with pytest.raises(ConfigError) as e:
+        NeoXArgs.from_dict({"num_layers": 2}, source="x")
+    msg = str(e.value)
+    assert msg.startswith("The config has 5 problems:")
+    assert "hidden_size is required but not set" in msg and "train_iters is required" in msg
+
+
+def test_all_problems_are_reported_together():
+    msg = error(hidden_size=66, seq_length=64)
+    assert msg.startswith("The config has 2 problems:")
+    assert "hidden_size(66)" in msg and "seq_length(64)" in msg
+
+
+def test_flash_without_flash_attn_gives_install_hint(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "flash_attn" else real(name, *a)
+    )
+    msg = error(attention_config=[[["flash"], 2]])
+    assert "flash_attn is not installed" in msg
+    assert "pip install -r requirements/requirements-flashattention.txt" in msg
+    assert "use attention type global" in msg
+
+
+def test_flash_is_accepted_when_flash_attn_is_importable(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "flash_attn" else real(name, *a)
+    )
+    assert make(attention_config=[[["flash"], 2]]).derived.attention_types == ("flash", "flash")
+
+
+def test_valid_neighbours_of_the_rules_pass():
+    assert make(num_kv_heads=2, model_parallel_size=2, world_size=2).derived.num_kv_heads == 2
+    assert make(zero_optimization={"stage": 1}, pipe_parallel_size=2, world_size=2).zero_stage == 1
+    assert make(zero_optimization={"stage": 3}, pipe_parallel_size=1).zero_stage == 3
+    assert make(attention_config=[[["global", "local"], "all"]], sliding_window_width=8
+                ).derived.attention_types == ("global", "local")
+    assert make(precision="bfloat16").derived.precision == "bf16"
+    assert make(precision="fp16", fp16={"loss_scale": 0}).derived.precision == "fp16"
+    assert make(pipe_partition_method="type:transformer|mlp").pipe_partition_method.startswith("type:")
+    assert make(data_impl="infer").data_impl == "infer"
+
+
+def test_every_registry_rejects_an_unknown_name():
+    for key, registry in REGISTRIES.items():
+        with pytest.raises(ConfigError, match=f"choose one of: {registry.names[0]}"):
+            registry.check("no-such-choice")

@@ -1,0 +1,75 @@
+"""Helpers for tests that run the real launcher: a small real dataset, free ports, deepy runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_small_dataset(out_dir: Path, vocab_size: int = 2048) -> tuple[str, str]:
+    """The built-in corpus, a BPE tokenizer trained on it, and its indexed dataset.
+
+    Returns (data prefix, tokenizer path).
+    """
+    from megatron.data.builtin_corpus import iter_documents
+    from megatron.data.indexed_dataset import make_builder
+    from megatron.tokenizer import build_tokenizer
+    from megatron.tokenizer.train_bpe import train_bpe_tokenizer
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    docs = list(iter_documents())
+    tok_path = str(out_dir / "tokenizer.json")
+    train_bpe_tokenizer(docs, vocab_size, tok_path)
+    tok = build_tokenizer("HFTokenizer", tok_path)
+    prefix = str(out_dir / "corpus_text_document")
+    builder = make_builder(prefix + ".bin", impl="mmap", vocab_size=tok.vocab_size)
+    for doc in docs:
+        builder.add_item(np.array(tok.tokenize(doc) + [tok.eod]))
+        builder.end_document()
+    builder.finalize(prefix + ".idx")
+    return prefix, tok_path
+
+
+def tiny_overrides(data_prefix: str, tokenizer: str, run_dir: Path, **extra) -> list[str]:
+    """key=value overrides that point configs/tiny.yml at test data and a run directory."""
+    values = {
+        "data_path": data_prefix, "vocab_file": tokenizer,
+        "save": str(run_dir / "ckpt"), "load": str(run_dir / "ckpt"),
+        "log_dir": str(run_dir / "logs"), "seq_length": 64, "train_iters": 20,
+        "eval_interval": 10, "eval_iters": 2, "log_interval": 5, "checkpoint_factor": 10,
+        "master_port": free_port(), "distributed_timeout_minutes": 2,
+    }
+    values.update(extra)
+    return [f"{k}={v}" for k, v in values.items()]
+
+
+def deepy(*argv: str, timeout: float = 300, env: dict | None = None,
+          cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run `python deepy.py ...` and capture its output."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run([sys.executable, str(ROOT / "deepy.py"), *argv], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def read_metrics(log_dir: Path) -> tuple[list[dict], list[dict]]:
+    """(training records, validation records) from metrics.jsonl."""
+    records = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+    return ([r for r in records if "lm_loss" in r], [r for r in records if "val_loss" in r])
+
+
+def explain(proc: subprocess.CompletedProcess) -> str:
+    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}"

@@ -1,0 +1,114 @@
+"""Launch plans built from configs: argv for DeepSpeed's launcher, hostfiles, env export (A2)."""
+
+import base64
+import json
+import os
+import sys
+
+import pytest
+
+from megatron.launcher import (CONFIG_FLAG, exported_env, plan_launch, read_hostfile, worker_args,
+                               write_env_file)
+from megatron.neox_arguments import NeoXArgs
+
+TINY = "configs/tiny.yml"
+
+
+def args(**overrides):
+    return NeoXArgs.from_ymls([TINY], [f"{k}={v}" for k, v in overrides.items()])
+
+
+def flag(argv, name):
+    return next(a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}="))
+
+
+def test_single_machine_uses_the_local_launcher_without_ssh():
+    plan = plan_launch(args(num_gpus=3, master_port=29777, omp_num_threads=2), "train.py",
+                       python="py")
+    assert plan.argv[:4] == ["py", "-u", "-m", "deepspeed.launcher.launch"]
+    world = json.loads(base64.urlsafe_b64decode(flag(plan.argv, "world_info")))
+    assert world == {"localhost": [0, 1, 2]} and plan.world_size == 3
+    assert flag(plan.argv, "master_addr") == "127.0.0.1"
+    assert flag(plan.argv, "master_port") == "29777"
+    assert plan.env["OMP_NUM_THREADS"] == "2"
+    # workers get the resolved config itself, decodable to an equal object
+    script_at = plan.argv.index("train.py")
+    assert plan.argv[script_at + 1] == CONFIG_FLAG
+    decoded = worker_args(plan.argv[script_at + 1:])
+    assert decoded == args(num_gpus=3, master_port=29777, omp_num_threads=2).with_world_size(3)
+
+
+def test_omp_threads_default_splits_the_cores():
+    plan = plan_launch(args(num_gpus=2), "train.py")
+    cores = len(os.sched_getaffinity(0))
+    assert plan.env["OMP_NUM_THREADS"] == str(max(1, cores // 2))
+
+
+def test_hostfile_launch_passes_launcher_and_filters(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# cluster\nworker-0 slots=4\nworker-1 slots=4\nworker-2 slots=4\n")
+    plan = plan_launch(args(hostfile=hostfile, include="worker-0@worker-1", num_gpus="null",
+                            launcher="openmpi", master_addr="10.0.0.1"), "train.py", python="py")
+    assert plan.argv[:4] == ["py", "-u", "-m", "deepspeed.launcher.runner"]
+    assert flag(plan.argv, "hostfile") == str(hostfile)
+    assert flag(plan.argv, "launcher") == "openmpi"
+    assert flag(plan.argv, "include") == "worker-0@worker-1"
+    assert flag(plan.argv, "master_addr") == "10.0.0.1"
+    assert plan.world_size == 8 and list(plan.hosts) == ["worker-0", "worker-1"]
+
+
+def test_hostfile_world_size_is_checked_against_parallel_degrees(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("a slots=3\n")
+    with pytest.raises(ValueError, match=r"3"):
+        plan_launch(args(hostfile=hostfile, num_gpus="null", pipe_parallel_size=2), "train.py")
+
+
+def test_per_node_mode_needs_node_rank_and_master(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n0 slots=1\nn1 slots=1\n")
+    with pytest.raises(ValueError, match="node_rank"):
+        plan_launch(args(hostfile=hostfile, num_gpus=1, no_ssh=True, master_addr="127.0.0.1"), "t.py")
+    plan = plan_launch(args(hostfile=hostfile, num_gpus=1, no_ssh=True, node_rank=1,
+                            master_addr="127.0.0.1"), "t.py")
+    assert "--no_ssh" in plan.argv and "--node_rank=1" in plan.argv and plan.world_size == 2
+
+
+@pytest.mark.parametrize("content,message", [
+    ("worker-0 4\n", "line 1.*'hostname slots=N'"),
+    ("a slots=1\na slots=2\n", "listed twice"),
+    ("# nothing\n", "lists no hosts"),
+])
+def test_bad_hostfiles_name_the_file_and_line(tmp_path, content, message):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        read_hostfile(str(hostfile))
+
+
+def test_missing_and_unreadable_hostfile(tmp_path):
+    with pytest.raises(FileNotFoundError, match="hostfile .*/nope does not exist"):
+        read_hostfile(str(tmp_path / "nope"))
+    if os.geteuid() != 0:  # root reads anything
+        locked = tmp_path / "locked"
+        locked.write_text("a slots=1\n")
+        locked.chmod(0)
+        with pytest.raises(FileNotFoundError, match="cannot be read"):
+            read_hostfile(str(locked))
+
+
+def test_listed_env_vars_are_exported_and_written_privately():
+    env = exported_env(["WANDB_API_KEY", "HF_TOKEN", "UNSET_ONE"],
+                       {"WANDB_API_KEY": "k", "HF_TOKEN": "t", "OTHER": "x"})
+    assert env == {"WANDB_API_KEY": "k", "HF_TOKEN": "t"}
+    path = write_env_file(env)
+    try:
+        assert open(path).read() == "WANDB_API_KEY=k\nHF_TOKEN=t\n"
+        assert os.stat(path).st_mode & 0o077 == 0  # secrets: owner-only
+    finally:
+        os.unlink(path)
+
+
+def test_worker_without_config_says_how_to_start_it():
+    with pytest.raises(ValueError, match="python deepy.py"):
+        worker_args([])
