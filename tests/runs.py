@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -21,27 +19,11 @@ def free_port() -> int:
 
 
 def build_small_dataset(out_dir: Path, vocab_size: int = 2048) -> tuple[str, str]:
-    """The built-in corpus, a BPE tokenizer trained on it, and its indexed dataset.
+    """The built-in corpus with a small BPE tokenizer: (data prefix, tokenizer path)."""
+    from megatron.data.prepare import prepare_builtin
 
-    Returns (data prefix, tokenizer path).
-    """
-    from megatron.data.builtin_corpus import iter_documents
-    from megatron.data.indexed_dataset import make_builder
-    from megatron.tokenizer import build_tokenizer
-    from megatron.tokenizer.train_bpe import train_bpe_tokenizer
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    docs = list(iter_documents())
-    tok_path = str(out_dir / "tokenizer.json")
-    train_bpe_tokenizer(docs, vocab_size, tok_path)
-    tok = build_tokenizer("HFTokenizer", tok_path)
-    prefix = str(out_dir / "corpus_text_document")
-    builder = make_builder(prefix + ".bin", impl="mmap", vocab_size=tok.vocab_size)
-    for doc in docs:
-        builder.add_item(np.array(tok.tokenize(doc) + [tok.eod]))
-        builder.end_document()
-    builder.finalize(prefix + ".idx")
-    return prefix, tok_path
+    prepared = prepare_builtin(str(out_dir), vocab_size=vocab_size)
+    return prepared.data_prefix, prepared.vocab_file
 
 
 def tiny_overrides(data_prefix: str, tokenizer: str, run_dir: Path, **extra) -> list[str]:

@@ -29,8 +29,11 @@ def sample_counts(args) -> SampleCounts:
                         test=t.eval_iters * gbs)
 
 
-def build_datasets(args, counts: SampleCounts):
-    """(train, valid, test) datasets; a split asked for zero samples is None."""
+def build_datasets(args, counts: SampleCounts, vocab_size: int):
+    """(train, valid, test) datasets; a split asked for zero samples is None.
+
+    Every token id is checked against the tokenizer's `vocab_size` (A12).
+    """
     d = args.data
     return build_train_valid_test_datasets(
         data_path=d.data_path, train_data_paths=d.train_data_paths,
@@ -40,7 +43,7 @@ def build_datasets(args, counts: SampleCounts):
         weighted_sampler_alpha=d.weighted_sampler_alpha, split=d.split,
         seq_length=args.model.seq_length, seed=args.training.seed,
         train_valid_test_num_samples=(counts.train, counts.valid, counts.test),
-        cache_dir=d.data_cache_dir, skip_warmup=not d.mmap_warmup)
+        cache_dir=d.data_cache_dir, skip_warmup=not d.mmap_warmup, vocab_size=vocab_size)
 
 
 def micro_batch_iterator(dataset, consumed_samples: int, args, dp_rank: int, dp_size: int,

@@ -47,9 +47,14 @@ def build_model(args, model_config: ModelConfig, topology: Topology):
 def build_engine(args, model_config: ModelConfig, topology: Topology) -> Engine:
     """Build the model, a torch optimizer and the LR schedule, and hand them to DeepSpeed."""
     import deepspeed
+    import torch
 
     from megatron.neox_arguments import deepspeed_config
 
+    if args.derived.precision == "fp16" and not torch.cuda.is_available():
+        raise ValueError("fp16 training needs a CUDA GPU: DeepSpeed's CPU accelerator has no fp16 "
+                         "support. On CPU use bf16 ('bf16: {enabled: true}', fast on CPUs with "
+                         "AMX) or fp32 (remove the fp16 section)")
     model = build_model(args, model_config, topology)
     optimizer = build_optimizer(model, args.optimizer.optimizer["type"],
                                 args.optimizer.optimizer.get("params", {}), args.optimizer.weight_decay)

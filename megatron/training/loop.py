@@ -74,7 +74,7 @@ def _pretrain(args) -> RunState:
     state.consumed_valid_samples = int(resumed.get("consumed_valid_samples", 0))
 
     counts = sample_counts(args)
-    train_ds, valid_ds, _ = build_datasets(args, counts)
+    train_ds, valid_ds, _ = build_datasets(args, counts, tokenizer.vocab_size)
     coords = topology.coords(rank)
     d = args.data
     options = BatchOptions(tokenizer.eod, d.eod_mask_loss, d.reset_position_ids, d.reset_attention_mask)

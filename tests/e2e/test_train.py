@@ -38,7 +38,9 @@ def test_two_processes_train_evaluate_save_and_resume(small_data, tmp_path):
     assert sorted(p.name for p in ckpt.iterdir()) == ["global_step10", "global_step20",
                                                       "global_step30", "latest"]
     assert (ckpt / "global_step30" / "mp_rank_00_model_states.pt").stat().st_size > 0
+    # the resolved config beside the checkpoint reloads to what the run used
     saved = NeoXArgs.from_yml_saved(ckpt / "global_step30" / "config.yml")
+    assert saved == NeoXArgs.from_ymls(["configs/tiny.yml"], over)
     assert saved.train_iters == 30 and saved.seq_length == 64 and saved.data_path == prefix
     assert f"checkpoint of iteration 30: {ckpt}/global_step30" in proc.stdout
     assert list((run / "tb").glob("events.out.tfevents.*")), "no TensorBoard event file"
@@ -88,3 +90,13 @@ def test_bf16_single_process(small_data, tmp_path):
     assert proc.returncode == 0, explain(proc)
     train, _ = read_metrics(run / "logs")
     assert_learned(train, min_drop=0.3)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the CPU-only refusal")
+def test_fp16_on_cpu_is_refused_with_what_to_use_instead(small_data, tmp_path):
+    prefix, tok = small_data
+    proc = deepy("train.py", "configs/tiny.yml",
+                 *tiny_overrides(prefix, tok, tmp_path, num_gpus=1, fp16="{enabled: true}"))
+    assert proc.returncode != 0
+    assert "fp16 training needs a CUDA GPU" in proc.stderr and "bf16" in proc.stderr, explain(proc)
+    assert "Traceback" not in proc.stderr

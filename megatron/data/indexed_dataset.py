@@ -1,0 +1,491 @@
+"""The `.bin`/`.idx` token file pair (GPT-NeoX / Megatron "mmap" format): reader, writer, checks.
+
+A dataset is a prefix `P` naming two files, `P.bin` (the tokens) and `P.idx` (where they are).
+
+Byte layout of `P.idx` (all integers little-endian, no padding anywhere):
+
+    offset        size       field
+    0             9          magic, the bytes b"MMIDIDX\\x00\\x00"
+    9             8          version, uint64, always 1
+    17            1          dtype code, uint8 (table below)
+    18            8          N, uint64: number of items (sequences)
+    26            8          D, uint64: number of entries in the document index
+    34            4 * N      sizes, int32[N]: tokens in each item
+    34 + 4N       8 * N      pointers, int64[N]: byte offset of each item in P.bin
+    34 + 12N      8 * D      doc_idx, int64[D]: item index where each document starts;
+                             doc_idx[0] == 0 and doc_idx[-1] == N, so there are D - 1 documents
+    total = 34 + 12N + 8D bytes
+
+dtype codes (GPT-NeoX's table): 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float64,
+8 uint16. (GPT-NeoX wrote 6 as numpy's old `np.float`, which is float64, and 7 as `np.double`;
+Megatron-core reads 7 as float32. Token files only ever use the integer codes; the writer refuses
+any other dtype.)
+
+`P.bin` is the items' tokens back to back in the index's dtype, in native little-endian order:
+item i occupies bytes [pointers[i], pointers[i] + sizes[i] * itemsize). Its size is exactly
+sum(sizes) * itemsize; the reader refuses a pair where it is not (truncated or extra bytes).
+
+GPT-NeoX's preprocessing writes one item per document, so items and documents coincide there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import struct
+import uuid
+from typing import Any, Sequence
+
+import numpy as np
+
+from megatron.monitoring.logger import get_logger
+
+logger = get_logger(__name__)
+
+MAGIC = b"MMIDIDX\x00\x00"
+VERSION = 1
+HEADER_BYTES = 34  # magic 9 + version 8 + dtype code 1 + N 8 + D 8
+
+DTYPES: dict[int, type] = {
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float64,
+    7: np.float64,
+    8: np.uint16,
+}
+_WRITABLE_CODES: dict[type, int] = {
+    np.uint8: 1, np.int8: 2, np.int16: 3, np.int32: 4, np.int64: 5, np.uint16: 8,
+}
+
+
+def data_file_path(prefix: str) -> str:
+    """`prefix.bin`: the token file."""
+    return str(prefix) + ".bin"
+
+
+def index_file_path(prefix: str) -> str:
+    """`prefix.idx`: the index file."""
+    return str(prefix) + ".idx"
+
+
+def best_fitting_dtype(vocab_size: int | None = None) -> type:
+    """uint16 when every id below `vocab_size` fits it (vocab_size <= 65536), else int32 (A12)."""
+    if vocab_size is not None and vocab_size <= np.iinfo(np.uint16).max + 1:
+        return np.uint16
+    return np.int32
+
+
+def dtype_code(dtype: Any) -> int:
+    """The index file's code for an integer numpy dtype; ValueError for anything else."""
+    key = np.dtype(dtype).type
+    if key not in _WRITABLE_CODES:
+        raise ValueError(
+            f"token dtype {np.dtype(dtype).name} cannot be written; use one of "
+            f"{sorted(np.dtype(t).name for t in _WRITABLE_CODES)}"
+        )
+    return _WRITABLE_CODES[key]
+
+
+# ----------------------------------------------------------------------------------------------
+# Reader
+# ----------------------------------------------------------------------------------------------
+
+
+def _read_header(idx_path: str) -> tuple[type, int, int]:
+    """Parse and check the fixed header; returns (dtype, N, D)."""
+    with open(idx_path, "rb") as f:
+        head = f.read(HEADER_BYTES)
+    if head[:9] != MAGIC:
+        raise ValueError(
+            f"{idx_path} is not an mmap index file: expected magic {MAGIC!r}, found {head[:9]!r}"
+            " (was it written by another tool or overwritten?)"
+        )
+    if len(head) < HEADER_BYTES:
+        raise ValueError(f"{idx_path} is truncated: expected a {HEADER_BYTES}-byte header, "
+                         f"found {len(head)} bytes")
+    version, code, n, d = struct.unpack("<QBQQ", head[9:])
+    if version != VERSION:
+        raise ValueError(f"{idx_path}: expected index version {VERSION}, found {version}")
+    if code not in DTYPES:
+        raise ValueError(f"{idx_path}: expected a dtype code in {sorted(DTYPES)}, found {code}")
+    return DTYPES[code], n, d
+
+
+class MMapIndexedDataset:
+    """Read-only, memory-mapped view of a `.bin`/`.idx` pair; `ds[i]` is item i as a numpy array.
+
+    Opening checks the pair (A16): both files exist, the header's magic, version and dtype code,
+    the index file's length, pointers and document index, and that the `.bin` holds exactly the
+    bytes the index describes. The fingerprint taken at open is kept in `opened_fingerprint`;
+    `check_unchanged()` compares the files against it.
+    """
+
+    def __init__(self, path: str, skip_warmup: bool = True):
+        self._path = str(path)
+        self._skip_warmup = skip_warmup
+        self._open()
+
+    # -- opening and checks --------------------------------------------------------------------
+    def _open(self) -> None:
+        idx_path, bin_path = index_file_path(self._path), data_file_path(self._path)
+        missing = [p for p in (idx_path, bin_path) if not os.path.isfile(p)]
+        if missing:
+            raise FileNotFoundError(
+                f"indexed dataset {self._path!r} needs both {idx_path} and {bin_path}; missing: "
+                f"{', '.join(missing)}. Pass the prefix without the extension, and create the "
+                "pair with tools/datasets/preprocess_data.py."
+            )
+        self._dtype, n, d = _read_header(idx_path)
+        expected = HEADER_BYTES + 12 * n + 8 * d
+        found = os.path.getsize(idx_path)
+        if found != expected:
+            raise ValueError(f"{idx_path}: header describes {n} items and {d} document entries, "
+                             f"so expected {expected} bytes, found {found}")
+        if expected > HEADER_BYTES:
+            index = np.memmap(idx_path, dtype=np.uint8, mode="r", offset=HEADER_BYTES)
+            index = index.view(np.ndarray)
+        else:
+            index = np.empty(0, dtype=np.uint8)
+        self._sizes = index[: 4 * n].view(np.int32)
+        self._pointers = index[4 * n: 12 * n].view(np.int64)
+        self._doc_idx = index[12 * n:].view(np.int64)
+        for a in (self._sizes, self._pointers, self._doc_idx):
+            a.flags.writeable = False
+        self._check_index(idx_path)
+        self._check_data_size(idx_path, bin_path)
+        if not self._skip_warmup:
+            _warmup(bin_path)
+        nbytes = os.path.getsize(bin_path)
+        if nbytes:
+            self._data = np.memmap(bin_path, dtype=self._dtype, mode="r").view(np.ndarray)
+        else:
+            self._data = np.empty(0, dtype=self._dtype)
+        self.opened_fingerprint = self.fingerprint()
+
+    def _check_index(self, idx_path: str) -> None:
+        n, itemsize = len(self._sizes), np.dtype(self._dtype).itemsize
+        if n and self._sizes.min() < 0:
+            raise ValueError(f"{idx_path}: item sizes must be >= 0, found {self._sizes.min()}")
+        expected = np.zeros(n, dtype=np.int64)
+        np.cumsum(self._sizes[:-1], out=expected[1:])
+        expected *= itemsize
+        if not np.array_equal(expected, self._pointers):
+            bad = int(np.flatnonzero(expected != self._pointers)[0])
+            raise ValueError(f"{idx_path}: pointer of item {bad} should be byte {expected[bad]} "
+                             f"(items stored back to back), found {self._pointers[bad]}")
+        d = self._doc_idx
+        if len(d) == 0 or d[0] != 0 or d[-1] != n or (len(d) > 1 and np.any(np.diff(d) < 0)):
+            raise ValueError(f"{idx_path}: document index must rise from 0 to the item count {n}, "
+                             f"found {len(d)} entries starting {d[:3].tolist()} "
+                             f"ending {d[-3:].tolist()}")
+
+    def _check_data_size(self, idx_path: str, bin_path: str) -> None:
+        itemsize = np.dtype(self._dtype).itemsize
+        tokens = int(self._sizes.sum(dtype=np.int64))
+        expected, found = tokens * itemsize, os.path.getsize(bin_path)
+        if found != expected:
+            kind = "truncated" if found < expected else "longer than its index"
+            raise ValueError(
+                f"{bin_path} is {kind}: {idx_path} describes {tokens} tokens of "
+                f"{np.dtype(self._dtype).name} = {expected} bytes, found {found} bytes. The pair "
+                "does not belong together or a write was interrupted; rebuild it."
+            )
+
+    # -- pickling (DataLoader workers re-open the files) ---------------------------------------
+    def __getstate__(self) -> dict:
+        return {"path": self._path, "skip_warmup": True}
+
+    def __setstate__(self, state: dict) -> None:
+        self._path, self._skip_warmup = state["path"], state["skip_warmup"]
+        self._open()
+
+    # -- access --------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    def __getitem__(self, idx: int | slice) -> np.ndarray | list[np.ndarray]:
+        if isinstance(idx, slice):
+            start, stop, step = idx.indices(len(self))
+            if step != 1:
+                raise ValueError("slices of an indexed dataset must be contiguous (step 1)")
+            if stop <= start:
+                return []
+            first = self._pointers[start] // self._data.itemsize
+            sizes = self._sizes[start:stop]
+            chunk = self._data[first: first + int(sizes.sum(dtype=np.int64))]
+            return np.split(chunk, np.cumsum(sizes[:-1]))
+        return self.get(idx)
+
+    def get(self, idx: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        """Tokens [offset, offset + length) of item `idx` (to its end when length is None)."""
+        n = len(self)
+        i = int(idx)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"item {idx} out of range for {self._path} with {n} items")
+        size = int(self._sizes[i])
+        if length is None:
+            length = size - offset
+        if offset < 0 or length < 0 or offset + length > size:
+            raise IndexError(f"tokens [{offset}, {offset + length}) out of range for item {i} "
+                             f"of {self._path}, which has {size} tokens")
+        start = self._pointers[i] // self._data.itemsize + offset
+        return self._data[start: start + length]
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """int32[N]: tokens in each item."""
+        return self._sizes
+
+    @property
+    def pointers(self) -> np.ndarray:
+        """int64[N]: byte offset of each item in the `.bin`."""
+        return self._pointers
+
+    @property
+    def doc_idx(self) -> np.ndarray:
+        """int64[D]: item index where each document starts, ending with N."""
+        return self._doc_idx
+
+    @property
+    def dtype(self) -> type:
+        return self._dtype
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self._sizes.sum(dtype=np.int64))
+
+    @property
+    def supports_prefetch(self) -> bool:
+        return False
+
+    @staticmethod
+    def exists(path: str) -> bool:
+        return os.path.isfile(index_file_path(path)) and os.path.isfile(data_file_path(path))
+
+    # -- integrity -----------------------------------------------------------------------------
+    def max_token_id(self, chunk_tokens: int = 1 << 26) -> int:
+        """Largest token id in the `.bin` (-1 when empty), scanned in chunks."""
+        best = -1
+        for start in range(0, len(self._data), chunk_tokens):
+            best = max(best, int(self._data[start: start + chunk_tokens].max()))
+        return best
+
+    def check_token_ids(self, vocab_size: int) -> None:
+        """Raise if any token id is >= `vocab_size` (A12: the data fits the model's vocabulary)."""
+        top = self.max_token_id()
+        if top >= vocab_size:
+            raise ValueError(
+                f"{data_file_path(self._path)} holds token id {top}, but the model's vocabulary "
+                f"has {vocab_size} entries (ids 0..{vocab_size - 1}). The data was tokenized with "
+                "a different tokenizer; re-run preprocessing or fix the tokenizer settings."
+            )
+
+    def fingerprint(self) -> dict:
+        """Identity of the pair on disk: sizes, mtimes, sha256 of the whole `.idx`, counts."""
+        idx_path, bin_path = index_file_path(self._path), data_file_path(self._path)
+        idx_stat, bin_stat = os.stat(idx_path), os.stat(bin_path)
+        return {
+            "prefix": self._path,
+            "idx_bytes": idx_stat.st_size,
+            "bin_bytes": bin_stat.st_size,
+            "idx_mtime": idx_stat.st_mtime,
+            "bin_mtime": bin_stat.st_mtime,
+            "idx_sha256": _sha256_file(idx_path),
+            "dtype": np.dtype(self._dtype).name,
+            "num_documents": len(self._doc_idx) - 1,
+            "num_tokens": self.num_tokens,
+        }
+
+    def check_unchanged(self) -> None:
+        """Raise if the files differ from when they were opened (A16: no change while mapped)."""
+        now = self.fingerprint()
+        changed = sorted(k for k, v in self.opened_fingerprint.items() if now[k] != v)
+        if changed:
+            raise RuntimeError(
+                f"indexed dataset {self._path} changed on disk after it was opened "
+                f"({', '.join(changed)} differ). Training would read mixed data; restore the "
+                "original files or restart the run."
+            )
+
+    def verify_checksum(self, expected_sha256: str | None = None) -> str:
+        """Full sha256 of the `.bin`; raises when `expected_sha256` is given and differs."""
+        digest = _sha256_file(data_file_path(self._path))
+        if expected_sha256 is not None and digest != expected_sha256:
+            raise ValueError(f"{data_file_path(self._path)}: expected sha256 {expected_sha256}, "
+                             f"found {digest}; the token file was modified or corrupted")
+        return digest
+
+
+def make_dataset(path: str, impl: str = "mmap", skip_warmup: bool = True) -> MMapIndexedDataset:
+    """Open the dataset at `path` (only the "mmap" implementation exists)."""
+    if impl not in ("mmap", "infer"):
+        raise ValueError(f"data_impl {impl!r} is not supported; use 'mmap'")
+    return MMapIndexedDataset(path, skip_warmup=skip_warmup)
+
+
+def _sha256_file(path: str, block: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _warmup(path: str) -> None:
+    """Read the file once so the page cache holds it."""
+    with open(path, "rb") as f:
+        while f.read(100 << 20):
+            pass
+
+
+# ----------------------------------------------------------------------------------------------
+# Writer
+# ----------------------------------------------------------------------------------------------
+
+
+class MMapIndexedDatasetBuilder:
+    """Writes a `.bin`/`.idx` pair item by item; nothing appears under the final names until
+    `finalize`, which renames both temporary files into place (the old `.idx` is removed first, so
+    an interrupted finalize leaves an unpaired `.bin`, never a pair that looks complete).
+
+    Every item is checked to fit `dtype` (A12): an out-of-range id raises, naming the id, the
+    dtype and the file.
+    """
+
+    def __init__(self, out_file: str, dtype: Any = np.int64):
+        self._out_file = str(out_file)
+        self._dtype = np.dtype(dtype).type
+        dtype_code(self._dtype)  # refuse dtypes the format cannot name
+        self._tmp_suffix = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._tmp_bin = self._out_file + self._tmp_suffix
+        self._file = open(self._tmp_bin, "xb")
+        self._sizes: list[int] = []
+        self._doc_idx: list[int] = [0]
+
+    @property
+    def dtype(self) -> type:
+        return self._dtype
+
+    def add_item(self, tokens: Any) -> None:
+        """Append one item (list, numpy array or torch tensor of token ids)."""
+        if hasattr(tokens, "detach"):  # torch tensor, without importing torch here
+            tokens = tokens.detach().cpu().numpy()
+        array = np.asarray(tokens)
+        if array.size == 0:
+            array = array.reshape(0).astype(self._dtype)
+        elif not np.issubdtype(array.dtype, np.integer):
+            raise ValueError(f"{self._out_file}: token ids must be integers, got {array.dtype}")
+        array = array.reshape(-1)
+        if array.size:
+            info = np.iinfo(self._dtype)
+            lo, hi = int(array.min()), int(array.max())
+            if lo < max(info.min, 0) or hi > info.max:
+                bad = lo if lo < max(info.min, 0) else hi
+                raise ValueError(
+                    f"{self._out_file}: token id {bad} in item {len(self._sizes)} does not fit "
+                    f"{np.dtype(self._dtype).name} (ids must be in 0..{info.max}); build with a "
+                    "vocab_size that covers the tokenizer's largest id"
+                )
+        if array.size > np.iinfo(np.int32).max:
+            raise ValueError(f"{self._out_file}: item of {array.size} tokens exceeds int32 sizes")
+        self._file.write(array.astype(self._dtype, copy=False).tobytes(order="C"))
+        self._sizes.append(int(array.size))
+
+    def end_document(self) -> None:
+        """Mark the items added since the last call as one document."""
+        self._doc_idx.append(len(self._sizes))
+
+    def merge_file_(self, another_file: str) -> None:
+        """Append every item and document of the dataset at prefix `another_file`."""
+        other = MMapIndexedDataset(another_file)
+        if other.dtype != self._dtype:
+            raise ValueError(f"cannot merge {another_file} ({np.dtype(other.dtype).name}) into "
+                             f"{self._out_file} ({np.dtype(self._dtype).name}): dtypes differ")
+        base = len(self._sizes)
+        self._sizes.extend(other.sizes.tolist())
+        self._doc_idx.extend((other.doc_idx[1:] + base).tolist())
+        with open(data_file_path(another_file), "rb") as src:
+            shutil.copyfileobj(src, self._file)
+
+    def finalize(self, index_file: str) -> None:
+        """Write the index and move both files into place."""
+        index_file = str(index_file)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        tmp_idx = index_file + self._tmp_suffix
+        try:
+            with open(tmp_idx, "wb") as f:
+                f.write(encode_index(self._sizes, self._doc_idx, self._dtype))
+                f.flush()
+                os.fsync(f.fileno())
+            if os.path.exists(index_file):
+                os.remove(index_file)
+            os.replace(self._tmp_bin, self._out_file)
+            os.replace(tmp_idx, index_file)
+        except BaseException:
+            _remove_quietly(tmp_idx)
+            raise
+        _fsync_dir(os.path.dirname(os.path.abspath(index_file)))
+
+    def abort(self) -> None:
+        """Close and delete the temporary file without touching the final names."""
+        if not self._file.closed:
+            self._file.close()
+        _remove_quietly(self._tmp_bin)
+
+    def __enter__(self) -> "MMapIndexedDatasetBuilder":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+
+
+def encode_index(sizes: Sequence[int], doc_idx: Sequence[int], dtype: Any) -> bytes:
+    """The complete `.idx` bytes for items of `sizes` tokens and the document index `doc_idx`."""
+    sizes_arr = np.asarray(sizes, dtype=np.int32)
+    pointers = np.zeros(len(sizes_arr), dtype=np.int64)
+    np.cumsum(sizes_arr[:-1], out=pointers[1:])
+    pointers *= np.dtype(dtype).itemsize
+    head = MAGIC + struct.pack("<QBQQ", VERSION, dtype_code(dtype), len(sizes_arr), len(doc_idx))
+    return b"".join([head, sizes_arr.astype("<i4").tobytes(), pointers.astype("<i8").tobytes(),
+                     np.asarray(doc_idx, dtype="<i8").tobytes()])
+
+
+def make_builder(out_file: str, impl: str = "mmap",
+                 vocab_size: int | None = None) -> MMapIndexedDatasetBuilder:
+    """A builder writing `out_file` (the `.bin` path) with the dtype that fits `vocab_size`."""
+    if impl != "mmap":
+        raise ValueError(f"data_impl {impl!r} is not supported; use 'mmap'")
+    return MMapIndexedDatasetBuilder(out_file, dtype=best_fitting_dtype(vocab_size))
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

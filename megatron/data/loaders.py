@@ -1,0 +1,245 @@
+"""From data paths to train/valid/test datasets, and from a dataset to a resumable DataLoader.
+
+Two ways to name data, as in GPT-NeoX:
+- `data_path`: one prefix (or a list of prefixes) cut into train/valid/test by `split`; with
+  several prefixes each split blends its parts in proportion to their tokens (or by document
+  count with `weight_by_num_documents`).
+- `train_data_paths` / `valid_data_paths` / `test_data_paths` with one weight per path
+  (default: equal weights), or weights from document counts with `weight_by_num_documents`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Iterable, Iterator, NamedTuple, Sequence
+
+import numpy as np
+import torch
+
+from megatron.data.blendable_dataset import BlendableDataset, normalize_weights
+from megatron.data.gpt2_dataset import GPT2Dataset
+from megatron.data.indexed_dataset import MMapIndexedDataset
+from megatron.data.samplers import PretrainingSampler
+from megatron.data.splits import SPLIT_NAMES, split_document_ranges, weights_by_num_documents
+from megatron.monitoring.logger import get_logger
+
+logger = get_logger(__name__)
+
+# Each blended part is built with 0.5% spare samples, as GPT-NeoX does.
+_BLEND_MARGIN = 1.005
+
+
+class _Part(NamedTuple):
+    """One dataset inside a split."""
+
+    name: str
+    prefix: str
+    documents: np.ndarray
+
+
+def build_train_valid_test_datasets(
+    *, data_path: str | Sequence[str] | None = None,
+    train_data_paths: Sequence[str] | None = None,
+    valid_data_paths: Sequence[str] | None = None,
+    test_data_paths: Sequence[str] | None = None,
+    train_data_weights: Sequence[float] | None = None,
+    valid_data_weights: Sequence[float] | None = None,
+    test_data_weights: Sequence[float] | None = None,
+    weight_by_num_documents: bool = False, weighted_sampler_alpha: float = 1.0,
+    split: str = "969, 30, 1", seq_length: int, seed: int,
+    train_valid_test_num_samples: Sequence[int], cache_dir: str | None = None,
+    skip_warmup: bool = True, vocab_size: int | None = None, group: Any = None,
+) -> tuple[Any, Any, Any]:
+    """(train, valid, test) datasets; None for a split asked for 0 samples or given no data.
+
+    With `vocab_size`, every token file is checked to hold only ids below it (A12). Under
+    torch.distributed every rank of `group` (default: all ranks) must call this: rank 0 of the
+    group builds the index caches while the others wait (see `GPT2Dataset`).
+    """
+    num_samples = [int(n) for n in train_valid_test_num_samples]
+    if len(num_samples) != 3 or any(n < 0 for n in num_samples):
+        raise ValueError(f"train_valid_test_num_samples must be three counts >= 0, got "
+                         f"{list(train_valid_test_num_samples)}")
+    opened: dict[str, MMapIndexedDataset] = {}
+
+    def open_prefix(prefix: str) -> MMapIndexedDataset:
+        if prefix not in opened:
+            opened[prefix] = MMapIndexedDataset(prefix, skip_warmup=skip_warmup)
+            if vocab_size is not None:
+                opened[prefix].check_token_ids(vocab_size)
+        return opened[prefix]
+
+    per_split = _parts_per_split(
+        data_path, [train_data_paths, valid_data_paths, test_data_paths],
+        [train_data_weights, valid_data_weights, test_data_weights],
+        split, weight_by_num_documents, open_prefix)
+    common = dict(seq_length=seq_length, seed=seed, cache_dir=cache_dir, group=group,
+                  weight_by_num_documents=weight_by_num_documents,
+                  alpha=weighted_sampler_alpha, open_prefix=open_prefix)
+    result = []
+    for name, n, (parts, weights) in zip(SPLIT_NAMES, num_samples, per_split):
+        if n == 0 or not parts:
+            if n > 0:
+                logger.warning("%s split has no documents; %d requested %s samples are ignored",
+                               name, n, name)
+            result.append(None)
+            continue
+        result.append(_build_split(name, parts, weights, n, **common))
+    return tuple(result)
+
+
+def _parts_per_split(data_path, paths, weights, split, weight_by_num_documents, open_prefix):
+    """[(parts, weights)] for train, valid and test, before any weight_by_num_documents."""
+    if data_path and any(paths):
+        raise ValueError("give either data_path or train/valid/test_data_paths, not both")
+    if data_path:
+        if any(w is not None for w in weights):
+            logger.warning("train/valid/test_data_weights are ignored with data_path; they "
+                           "apply to train/valid/test_data_paths")
+        prefixes = [data_path] if isinstance(data_path, (str, os.PathLike)) else list(data_path)
+        out: list[tuple[list[_Part], list[float]]] = [([], []) for _ in SPLIT_NAMES]
+        for i, prefix in enumerate(map(str, prefixes)):
+            dataset = open_prefix(prefix)
+            ranges = split_document_ranges(split, len(dataset))
+            for s, name in enumerate(SPLIT_NAMES):
+                docs = np.arange(ranges[name].start, ranges[name].stop, dtype=np.int64)
+                if len(docs):  # parts of one split blend in proportion to their tokens
+                    part_name = f"{name}_{i}" if len(prefixes) > 1 else name
+                    out[s][0].append(_Part(part_name, prefix, docs))
+                    out[s][1].append(float(dataset.sizes[docs].sum(dtype=np.int64)))
+        return out
+    if not any(paths):
+        raise ValueError("no data given: set data_path, or train_data_paths (and optionally "
+                         "valid_data_paths / test_data_paths)")
+    out = []
+    for name, split_paths, split_weights in zip(SPLIT_NAMES, paths, weights):
+        split_paths = [str(p) for p in split_paths or []]
+        if split_weights is not None and weight_by_num_documents:
+            logger.warning("%s_data_weights are ignored: weight_by_num_documents derives the "
+                           "weights from document counts", name)
+        parts = [_Part(f"{name}_{i}" if len(split_paths) > 1 else name, p,
+                       np.arange(len(open_prefix(p)), dtype=np.int64))
+                 for i, p in enumerate(split_paths)]
+        out.append((parts, list(split_weights) if split_weights is not None
+                    else [1.0] * len(parts)))
+    return out
+
+
+def _build_split(name, parts, weights, num_samples, *, seq_length, seed, cache_dir, group,
+                 weight_by_num_documents, alpha, open_prefix):
+    """One GPT2Dataset, or a BlendableDataset over several."""
+    names = [p.name for p in parts]
+    if weight_by_num_documents:
+        weights = weights_by_num_documents([len(p.documents) for p in parts], alpha)
+    weights = normalize_weights(weights, len(parts), names)
+    unused = [p.name for p, w in zip(parts, weights) if w == 0]
+    if unused:
+        logger.info("%s: %s have weight 0 and are not read", name, ", ".join(unused))
+        parts, weights = zip(*[(p, w) for p, w in zip(parts, weights) if w > 0])
+        names = [p.name for p in parts]
+    if len(parts) == 1:
+        part = parts[0]
+        return GPT2Dataset(part.name, part.prefix, part.documents, open_prefix(part.prefix),
+                           num_samples, seq_length, seed, cache_dir=cache_dir, group=group)
+    datasets = [
+        GPT2Dataset(part.name, part.prefix, part.documents, open_prefix(part.prefix),
+                    max(1, math.ceil(num_samples * w * _BLEND_MARGIN)), seq_length, seed,
+                    cache_dir=cache_dir, group=group)
+        for part, w in zip(parts, weights)
+    ]
+    return BlendableDataset(datasets, weights, num_samples=num_samples, names=names)
+
+
+# ----------------------------------------------------------------------------------------------
+# Loaders
+# ----------------------------------------------------------------------------------------------
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def clamp_num_workers(num_workers: int) -> int:
+    """`num_workers` limited to the available CPUs, with a warning when lowered (A10)."""
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    cpus = available_cpus()
+    if num_workers > cpus:
+        logger.warning("num_workers=%d exceeds the %d available CPUs; using %d", num_workers,
+                       cpus, cpus)
+        return cpus
+    return num_workers
+
+
+def collate_text(samples: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+    """Stack samples into {"text": LongTensor [b, s + 1]}."""
+    lengths = {len(s["text"]) for s in samples}
+    if len(lengths) != 1:
+        raise ValueError(f"samples of one batch have different lengths {sorted(lengths)}")
+    return {"text": torch.from_numpy(np.stack([s["text"] for s in samples])).long()}
+
+
+def build_data_loader(dataset, consumed_samples: int, micro_batch_size: int,
+                      data_parallel_rank: int, data_parallel_size: int, num_workers: int,
+                      drop_last: bool = True, pin_memory: bool = False):
+    """A DataLoader of this rank's micro-batches from `consumed_samples` on; None for None."""
+    if dataset is None:
+        return None
+    sampler = PretrainingSampler(len(dataset), consumed_samples, micro_batch_size,
+                                 data_parallel_rank, data_parallel_size, drop_last=drop_last)
+    if drop_last and len(sampler) == 0:  # A9
+        raise ValueError(
+            f"dataset {getattr(dataset, 'name', '')!r} has {len(dataset) - consumed_samples} "
+            f"samples left, fewer than one global micro-batch of micro_batch_size "
+            f"({micro_batch_size}) * data_parallel_size ({data_parallel_size}); use more data "
+            "or a smaller batch")
+    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler,
+                                       num_workers=clamp_num_workers(num_workers),
+                                       collate_fn=collate_text, pin_memory=pin_memory)
+
+
+def cyclic_iter(iterable: Iterable) -> Iterator:
+    """Iterate `iterable` again and again; an empty pass raises instead of spinning (A9)."""
+    while True:
+        empty = True
+        for item in iterable:
+            empty = False
+            yield item
+        if empty:
+            raise RuntimeError("the data loader yielded no batch; its dataset has fewer samples "
+                               "than one global micro-batch")
+
+
+def dataset_fingerprints(*datasets) -> list[dict]:
+    """The opened fingerprint of every token file under `datasets` (blends are walked), one per
+    prefix, for checkpoint metadata (A17). None entries are skipped."""
+    found: dict[str, dict] = {}
+    stack = [d for d in datasets if d is not None]
+    while stack:
+        dataset = stack.pop()
+        if isinstance(dataset, BlendableDataset):
+            stack.extend(dataset.datasets)
+        elif isinstance(dataset, GPT2Dataset):
+            fingerprint = dataset.indexed_dataset.opened_fingerprint
+            found.setdefault(fingerprint["prefix"], fingerprint)
+        elif isinstance(dataset, MMapIndexedDataset):
+            found.setdefault(dataset.path, dataset.opened_fingerprint)
+    return [found[k] for k in sorted(found)]
+
+
+def check_datasets_unchanged(*datasets) -> None:
+    """Raise if any token file under `datasets` changed on disk since it was opened (A16)."""
+    stack = [d for d in datasets if d is not None]
+    while stack:
+        dataset = stack.pop()
+        if isinstance(dataset, BlendableDataset):
+            stack.extend(dataset.datasets)
+        elif isinstance(dataset, GPT2Dataset):
+            dataset.indexed_dataset.check_unchanged()
+        elif isinstance(dataset, MMapIndexedDataset):
+            dataset.check_unchanged()

@@ -1,0 +1,216 @@
+"""Tokenize documents (jsonl, jsonl.gz, txt) into `{prefix}_{key}_document.bin/.idx` files.
+
+Inputs may be files or directories (searched recursively, sorted) and a comma-separated list of
+either. A jsonl line is one document; each requested key becomes its own token file. A `.txt`
+file is one document. Documents are tokenized in batches, by `workers` processes when > 1, and
+written in input order; empty documents are skipped, as GPT-NeoX does.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import multiprocessing
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from megatron.data.indexed_dataset import (MMapIndexedDatasetBuilder, best_fitting_dtype,
+                                           data_file_path, index_file_path)
+from megatron.monitoring.logger import get_logger
+from megatron.tokenizer import AbstractTokenizer, build_tokenizer
+
+logger = get_logger(__name__)
+
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
+TEXT_SUFFIXES = (".txt", ".txt.gz")
+BATCH_DOCS = 64
+
+
+def expand_inputs(inputs: str | Sequence[str]) -> list[str]:
+    """Input files from paths, directories and comma-separated lists, in a fixed order."""
+    items = inputs.split(",") if isinstance(inputs, str) else list(inputs)
+    files: list[str] = []
+    for item in (str(i).strip() for i in items):
+        if not item:
+            continue
+        if os.path.isdir(item):
+            found = sorted(
+                os.path.join(root, name) for root, _, names in os.walk(item) for name in names
+                if name.endswith(JSONL_SUFFIXES + TEXT_SUFFIXES))
+            if not found:
+                raise FileNotFoundError(f"input directory {item} holds no "
+                                        f"{', '.join(JSONL_SUFFIXES + TEXT_SUFFIXES)} files")
+            files.extend(found)
+        elif os.path.isfile(item):
+            if not item.endswith(JSONL_SUFFIXES + TEXT_SUFFIXES):
+                raise ValueError(f"input {item}: unsupported file type; use "
+                                 f"{', '.join(JSONL_SUFFIXES + TEXT_SUFFIXES)}")
+            files.append(item)
+        else:
+            raise FileNotFoundError(f"input {item} does not exist")
+    if not files:
+        raise ValueError("no input files given")
+    return files
+
+
+def _open_text(path: str):
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def iter_documents(files: Sequence[str], keys: Sequence[str]) -> Iterator[dict[str, str]]:
+    """{key: text} per document of `files`."""
+    for path in files:
+        if path.endswith(TEXT_SUFFIXES):
+            if len(keys) != 1:
+                raise ValueError(f"{path}: a .txt file has one field; ask for one jsonl key")
+            with _open_text(path) as f:
+                yield {keys[0]: f.read()}
+            continue
+        with _open_text(path) as f:
+            for line_no, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path} line {line_no} is not valid JSON: {err}") from None
+                missing = [k for k in keys if k not in record]
+                if missing:
+                    raise ValueError(f"{path} line {line_no} has no key {missing[0]!r} "
+                                     f"(it has: {', '.join(map(str, record)) or 'nothing'}); "
+                                     "set --jsonl-keys")
+                yield {k: str(record[k]) for k in keys}
+
+
+# -- workers ---------------------------------------------------------------------------------------
+_WORKER: dict = {}
+
+
+def _init_worker(tokenizer_spec: tuple, keys: tuple, append_eod: bool,
+                 tokenizer: AbstractTokenizer | None = None) -> None:
+    _WORKER["tokenizer"] = tokenizer if tokenizer is not None else build_tokenizer(*tokenizer_spec)
+    _WORKER["keys"], _WORKER["append_eod"] = keys, append_eod
+
+
+def _encode_batch(batch: list[dict[str, str]]) -> tuple[list[dict[str, np.ndarray]], int]:
+    """Token arrays per document and key, and the batch's UTF-8 byte count."""
+    tokenizer = _WORKER["tokenizer"]
+    encoded: list[dict[str, np.ndarray]] = [{} for _ in batch]
+    nbytes = 0
+    for key in _WORKER["keys"]:
+        texts = [doc[key] for doc in batch]
+        nbytes += sum(len(t.encode("utf-8")) for t in texts)
+        for out, ids in zip(encoded, tokenizer.tokenize_batch(texts)):
+            ids = np.asarray(ids, dtype=np.int64)
+            if len(ids) and _WORKER["append_eod"]:
+                ids = np.append(ids, tokenizer.eod)
+            out[key] = ids
+    return encoded, nbytes
+
+
+def _batches(documents: Iterator[dict[str, str]], size: int) -> Iterator[list[dict[str, str]]]:
+    batch: list[dict[str, str]] = []
+    for doc in documents:
+        batch.append(doc)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+@dataclass
+class PreprocessResult:
+    """What `preprocess` wrote."""
+
+    prefixes: dict[str, str]  # key -> output prefix
+    documents: int = 0
+    tokens: int = 0
+    input_bytes: int = 0
+    seconds: float = 0.0
+    dtype: str = ""
+    skipped_empty: dict[str, int] = field(default_factory=dict)
+
+
+def preprocess(inputs: str | Sequence[str], output_prefix: str, tokenizer_type: str | None = None,
+               vocab_file: str | None = None, merge_file: str | None = None,
+               jsonl_keys: Sequence[str] = ("text",), append_eod: bool = False, workers: int = 1,
+               log_interval: int = 1000, max_docs: int | None = None,
+               tokenizer: AbstractTokenizer | None = None) -> PreprocessResult:
+    """Tokenize `inputs` into one `{output_prefix}_{key}_document` pair per key.
+
+    Give `tokenizer_type` (+ files), or a built `tokenizer` (then `workers` must be 1).
+    """
+    if tokenizer is None:
+        if tokenizer_type is None:
+            raise ValueError("preprocess needs tokenizer_type (or a tokenizer object)")
+        tokenizer = build_tokenizer(tokenizer_type, vocab_file, merge_file)
+    elif workers > 1:
+        raise ValueError("pass tokenizer_type instead of a tokenizer object to use workers > 1")
+    keys = tuple(jsonl_keys)
+    files = expand_inputs(inputs)
+    dtype = best_fitting_dtype(tokenizer.max_token_id + 1)
+    prefixes = {k: f"{output_prefix}_{k}_document" for k in keys}
+    os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)
+    builders = {k: MMapIndexedDatasetBuilder(data_file_path(p), dtype=dtype)
+                for k, p in prefixes.items()}
+    result = PreprocessResult(prefixes, dtype=np.dtype(dtype).name,
+                              skipped_empty={k: 0 for k in keys})
+    documents = iter_documents(files, keys)
+    if max_docs is not None:
+        documents = (d for i, d in zip(range(max_docs), documents))
+    spec = (tokenizer_type, vocab_file, merge_file)
+    try:
+        if workers > 1:
+            # spawn: no inherited threads (torch, tokenizers' thread pool) in the workers
+            ctx = multiprocessing.get_context("spawn")
+            with ctx.Pool(workers, initializer=_init_worker,
+                          initargs=(spec, keys, append_eod)) as pool:
+                encoded = pool.imap(_encode_batch, _batches(documents, BATCH_DOCS))
+                _write_all(encoded, builders, result, log_interval)
+        else:
+            _init_worker(spec, keys, append_eod, tokenizer)
+            encoded = map(_encode_batch, _batches(documents, BATCH_DOCS))
+            _write_all(encoded, builders, result, log_interval)
+        for key, builder in builders.items():
+            builder.finalize(index_file_path(prefixes[key]))
+    except BaseException:
+        for builder in builders.values():
+            builder.abort()
+        raise
+    _log_progress(result, final=True)
+    return result
+
+
+def _write_all(encoded, builders, result: PreprocessResult, log_interval: int) -> None:
+    start = time.perf_counter()
+    next_log = log_interval
+    for batch, nbytes in encoded:
+        for doc in batch:
+            for key, ids in doc.items():
+                if len(ids) == 0:
+                    result.skipped_empty[key] += 1
+                    continue
+                builders[key].add_item(ids)
+                builders[key].end_document()
+                result.tokens += len(ids)
+            result.documents += 1
+        result.input_bytes += nbytes
+        result.seconds = time.perf_counter() - start
+        if log_interval and result.documents >= next_log:
+            _log_progress(result)
+            next_log = (result.documents // log_interval + 1) * log_interval
+
+
+def _log_progress(result: PreprocessResult, final: bool = False) -> None:
+    secs = max(result.seconds, 1e-9)
+    logger.info("%s %d documents, %d tokens in %.1f s (%.0f docs/s, %.0f tokens/s, %.2f MB/s)",
+                "done:" if final else "processed", result.documents, result.tokens,
+                result.seconds, result.documents / secs, result.tokens / secs,
+                result.input_bytes / secs / 1e6)

@@ -1,0 +1,170 @@
+"""build_train_valid_test_datasets and build_data_loader end to end on small token files."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from megatron.data.blendable_dataset import BlendableDataset
+from megatron.data.gpt2_dataset import GPT2Dataset
+from megatron.data.loaders import (available_cpus, build_data_loader,
+                                   build_train_valid_test_datasets, check_datasets_unchanged,
+                                   clamp_num_workers, cyclic_iter, dataset_fingerprints)
+
+
+@pytest.fixture
+def prefixes(tmp_path, write_dataset, random_documents):
+    """Two datasets: 'a' with 100 documents, 'b' with 40 longer ones."""
+    a = str(tmp_path / "a")
+    b = str(tmp_path / "b")
+    write_dataset(a, random_documents(100, max_len=30, min_len=5, seed=1))
+    write_dataset(b, random_documents(40, max_len=90, min_len=20, seed=2))
+    return a, b
+
+
+def build(**kw):
+    kw.setdefault("seq_length", 8)
+    kw.setdefault("seed", 3)
+    return build_train_valid_test_datasets(**kw)
+
+
+def test_single_prefix_is_split_by_documents(prefixes):
+    a, _ = prefixes
+    train, valid, test = build(data_path=a, split="80,20,0",
+                               train_valid_test_num_samples=(100, 20, 0))
+    assert isinstance(train, GPT2Dataset) and isinstance(valid, GPT2Dataset) and test is None
+    assert train.documents.tolist() == list(range(80))
+    assert valid.documents.tolist() == list(range(80, 100))
+    assert len(train) >= 100 and len(valid) >= 20
+    assert train[0]["text"].shape == (9,)
+
+
+def test_split_without_documents_is_none_with_a_warning(prefixes, caplog):
+    a, _ = prefixes
+    with caplog.at_level(logging.WARNING, logger="megatron"):
+        _, _, test = build(data_path=[a], split="969, 30, 1",
+                           train_valid_test_num_samples=(10, 10, 10))
+    assert test is None and "test split has no documents; 10 requested" in caplog.text
+
+
+def test_several_prefixes_blend_by_tokens(prefixes):
+    a, b = prefixes
+    train, _, _ = build(data_path=[a, b], split="1", train_valid_test_num_samples=(1000, 0, 0))
+    assert isinstance(train, BlendableDataset) and len(train) == 1000
+    tokens = np.array([d.indexed_dataset.num_tokens for d in train.datasets], dtype=float)
+    assert np.allclose(train.weights, tokens / tokens.sum())
+    assert [d.name for d in train.datasets] == ["train_0", "train_1"]
+
+
+def test_explicit_paths_and_weights(prefixes):
+    a, b = prefixes
+    train, valid, test = build(train_data_paths=[a, b], train_data_weights=[1, 3],
+                               valid_data_paths=[b], test_data_paths=[a],
+                               train_valid_test_num_samples=(400, 30, 5))
+    counts = np.bincount(train.dataset_index)
+    assert counts.tolist() == [100, 300]
+    for d, n in zip(train.datasets, counts):  # each part holds its share plus 0.5%
+        assert len(d) >= n
+    assert isinstance(valid, GPT2Dataset) and valid.documents.tolist() == list(range(40))
+    assert isinstance(test, GPT2Dataset) and len(test) >= 5
+    equal, _, _ = build(train_data_paths=[a, b], train_valid_test_num_samples=(10, 0, 0))
+    assert equal.weights.tolist() == [0.5, 0.5]
+
+
+def test_weight_by_num_documents_overrides_weights(prefixes, caplog):
+    a, b = prefixes
+    with caplog.at_level(logging.WARNING, logger="megatron"):
+        train, _, _ = build(train_data_paths=[a, b], train_data_weights=[1, 1],
+                            weight_by_num_documents=True, weighted_sampler_alpha=0.5,
+                            train_valid_test_num_samples=(100, 0, 0))
+    assert "train_data_weights are ignored" in caplog.text
+    assert train.weights[0] < 0.5  # 100 vs 40 documents: (1 - share) favours the smaller one
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    (dict(), "no data given"),
+    (dict(data_path="A", train_data_paths=["A"]), "either data_path or"),
+    (dict(train_data_paths=["A", "B"], train_data_weights=[1]), "one weight per data path"),
+    (dict(data_path="A", train_valid_test_num_samples=(1, 2)), "three counts"),
+])
+def test_bad_data_settings(prefixes, kwargs, pattern):
+    a, b = prefixes
+    kwargs = {k: ({"A": a, "B": b}.get(v, v) if isinstance(v, str) else
+                  [{"A": a, "B": b}[x] for x in v] if k.endswith("paths") else v)
+              for k, v in kwargs.items()}
+    kwargs.setdefault("train_valid_test_num_samples", (10, 0, 0))
+    with pytest.raises(ValueError, match=pattern):
+        build(**kwargs)
+
+
+def test_token_ids_are_checked_against_the_vocabulary(prefixes):
+    a, _ = prefixes
+    with pytest.raises(ValueError, match=r"a\.bin holds token id \d+, but the model's vocab"):
+        build(data_path=a, split="1", train_valid_test_num_samples=(10, 0, 0), vocab_size=500)
+    build(data_path=a, split="1", train_valid_test_num_samples=(10, 0, 0), vocab_size=1000)
+
+
+def test_loader_batches_ranks_and_resume(prefixes):
+    a, _ = prefixes
+    train, _, _ = build(data_path=a, split="1", train_valid_test_num_samples=(64, 0, 0))
+    loaders = [build_data_loader(train, 0, 2, r, 2, num_workers=0) for r in range(2)]
+    first = [next(iter(loader))["text"] for loader in loaders]
+    assert first[0].dtype == torch.int64 and first[0].shape == (2, 9)
+    assert torch.equal(first[0][1], torch.from_numpy(train[1]["text"]))
+    assert torch.equal(first[1][0], torch.from_numpy(train[2]["text"]))
+    batches = list(loaders[1])
+    resumed = list(build_data_loader(train, 3 * 4, 2, 1, 2, num_workers=0))
+    assert len(resumed) == len(batches) - 3
+    assert all(torch.equal(x["text"], y["text"]) for x, y in zip(resumed, batches[3:]))
+    assert build_data_loader(None, 0, 2, 0, 1, 0) is None
+
+
+def test_num_workers_are_clamped_to_the_cpus(caplog):
+    cpus = available_cpus()
+    with caplog.at_level(logging.WARNING, logger="megatron"):
+        assert clamp_num_workers(cpus + 5) == cpus
+    assert f"num_workers={cpus + 5} exceeds the {cpus} available CPUs" in caplog.text
+    assert clamp_num_workers(0) == 0
+    with pytest.raises(ValueError, match="num_workers must be >= 0"):
+        clamp_num_workers(-1)
+
+
+def test_loader_with_worker_processes(prefixes):
+    a, _ = prefixes
+    train, _, _ = build(data_path=a, split="1", train_valid_test_num_samples=(16, 0, 0))
+    loader = build_data_loader(train, 0, 4, 0, 1, num_workers=1)
+    got = torch.cat([b["text"] for b in loader])
+    expected = torch.from_numpy(np.stack([train[i]["text"] for i in range(len(got))]))
+    assert torch.equal(got, expected)
+
+
+def test_cyclic_iter_repeats_and_refuses_empty_loaders():
+    it = cyclic_iter([1, 2])
+    assert [next(it) for _ in range(5)] == [1, 2, 1, 2, 1]
+    with pytest.raises(RuntimeError, match="yielded no batch"):
+        next(cyclic_iter([]))
+
+
+def test_too_small_dataset_for_one_global_batch(prefixes):
+    a, _ = prefixes
+    train, _, _ = build(data_path=a, split="1", train_valid_test_num_samples=(10, 0, 0))
+    with pytest.raises(ValueError, match="fewer than one global micro-batch"):
+        build_data_loader(train, 0, len(train), 0, 2, num_workers=0)
+
+
+def test_fingerprints_of_a_blend_and_change_detection(prefixes):
+    a, b = prefixes
+    train, valid, _ = build(train_data_paths=[a, b], valid_data_paths=[a],
+                            train_valid_test_num_samples=(20, 5, 0))
+    fingerprints = dataset_fingerprints(train, valid, None)
+    assert [f["prefix"] for f in fingerprints] == [a, b]
+    check_datasets_unchanged(train, valid)
+    with open(b + ".bin", "r+b") as f:
+        f.write(b"\xff\xff")
+    os.utime(b + ".bin", (1, 1))
+    with pytest.raises(RuntimeError, match=f"indexed dataset {b} changed on disk"):
+        check_datasets_unchanged(train, valid)

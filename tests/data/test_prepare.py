@@ -1,0 +1,96 @@
+"""prepare_data recipes: the built-in dataset end to end, reuse, rebuild; enwik8 offline."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import zipfile
+
+import numpy as np
+import pytest
+
+from megatron.data import builtin_corpus
+from megatron.data.indexed_dataset import MMapIndexedDataset, data_file_path
+from megatron.data.prepare import prepare_builtin, prepare_enwik8, split_enwik8_pages
+from megatron.tokenizer import build_tokenizer
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_script(argv):
+    path = os.path.join(REPO, "tools", "datasets", "prepare_data.py")
+    spec = importlib.util.spec_from_file_location("tools_prepare_data", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(argv)
+
+
+def test_builtin_end_to_end(tmp_path, capsys):
+    run_script(["builtin", "-d", str(tmp_path)])
+    out = tmp_path / "builtin"
+    assert sorted(os.listdir(out)) == ["builtin.jsonl", "builtin_text_document.bin",
+                                       "builtin_text_document.idx", "manifest.json",
+                                       "tokenizer.json"]
+    assert f"data_path: {out / 'builtin_text_document'}" in capsys.readouterr().out
+    tok = build_tokenizer("HFTokenizer", str(out / "tokenizer.json"))
+    assert tok.vocab_size == 8192 and tok.eod == 0
+    with open(out / "builtin.jsonl", encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line in f]
+    assert len(texts) > 1500 and os.path.getsize(out / "builtin.jsonl") > 1_200_000
+    ds = MMapIndexedDataset(str(out / "builtin_text_document"))
+    assert len(ds) == len(texts) and ds.dtype == np.uint16
+    for i in range(0, len(texts), 97):  # every document is its text followed by EOD
+        ids = ds[i].tolist()
+        assert ids[-1] == tok.eod and tok.detokenize(ids[:-1]) == texts[i]
+
+
+def test_builtin_reuses_finished_steps_and_rebuilds_broken_ones(tmp_path, caplog):
+    kw = dict(vocab_size=512, max_documents=120)
+    first = prepare_builtin(str(tmp_path), **kw)
+    paths = [first.corpus, first.vocab_file, data_file_path(first.data_prefix)]
+    mtimes = [os.stat(p).st_mtime_ns for p in paths]
+    again = prepare_builtin(str(tmp_path), **kw)
+    assert again == first and [os.stat(p).st_mtime_ns for p in paths] == mtimes
+
+    with open(data_file_path(first.data_prefix), "ab") as f:  # a damaged token file
+        f.write(b"\x00")
+    prepare_builtin(str(tmp_path), **kw)
+    assert "rebuilding" in caplog.text and "longer than its index" in caplog.text
+    MMapIndexedDataset(first.data_prefix)
+
+    prepare_builtin(str(tmp_path), vocab_size=600, max_documents=120)  # new settings
+    assert build_tokenizer("HFTokenizer", first.vocab_file).vocab_size == 600
+
+    before = os.stat(first.corpus).st_mtime_ns
+    prepare_builtin(str(tmp_path), vocab_size=600, max_documents=120, force=True)
+    assert os.stat(first.corpus).st_mtime_ns != before
+
+
+def test_corpus_is_deterministic_and_clean():
+    docs = list(builtin_corpus.iter_documents())
+    assert docs == list(builtin_corpus.iter_documents())
+    assert len(set(docs)) == len(docs)
+    assert min(len(d) for d in docs) >= builtin_corpus.MIN_DOC_CHARS
+    assert list(builtin_corpus.STDLIB_MODULES) == sorted(builtin_corpus.STDLIB_MODULES)
+    for unsafe in ("antigravity", "this", "idlelib", "tkinter", "turtledemo"):
+        assert unsafe not in builtin_corpus.STDLIB_MODULES
+
+
+def test_enwik8_split_into_pages():
+    raw = b"<mediawiki><siteinfo>x</siteinfo>\n  <page>one</page>\n  <page>two</page>\n"
+    assert split_enwik8_pages(raw) == ["<mediawiki><siteinfo>x</siteinfo>\n  ",
+                                       "<page>one</page>\n  ", "<page>two</page>\n"]
+
+
+def test_enwik8_recipe_offline(tmp_path):
+    raw = "<mediawiki>\n" + "".join(f"<page>article {i} ü</page>\n" for i in range(20))
+    archive = tmp_path / "source.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("enwik8", raw.encode("utf-8"))
+    result = prepare_enwik8(str(tmp_path / "data"), url=archive.as_uri())
+    ds = MMapIndexedDataset(result.data_prefix)
+    assert len(ds) == 21 and result.tokenizer_type == "CharLevelTokenizer"
+    assert bytes(ds[3].tolist()[:-1]).decode() == "<page>article 2 ü</page>\n"
+    with pytest.raises(RuntimeError, match="cannot download"):
+        prepare_enwik8(str(tmp_path / "other"), url=(tmp_path / "missing.zip").as_uri())

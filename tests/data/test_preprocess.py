@@ -1,0 +1,124 @@
+"""preprocess: inputs of every kind, token contents, workers, errors, and the CLI."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+
+from megatron.data.indexed_dataset import MMapIndexedDataset
+from megatron.data.preprocess import expand_inputs, preprocess
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def write_jsonl(path, records, gz=False):
+    opener = gzip.open if gz else open
+    with opener(path, "wt", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    folder = tmp_path / "in"
+    (folder / "nested").mkdir(parents=True)
+    write_jsonl(folder / "a.jsonl", [{"text": "hello", "title": "A"}, {"text": "", "title": "B"},
+                                     {"text": "wörld", "title": "C"}])
+    write_jsonl(folder / "nested" / "b.jsonl.gz", [{"text": "zipped", "title": "D"}], gz=True)
+    (folder / "c.txt").write_text("plain\nfile", encoding="utf-8")
+    (folder / "ignored.csv").write_text("x")
+    return folder
+
+
+def read_all(prefix):
+    ds = MMapIndexedDataset(prefix)
+    return [ds[i].tolist() for i in range(len(ds))], ds
+
+
+def test_directory_of_mixed_inputs(inputs, tmp_path):
+    files = expand_inputs(str(inputs))
+    assert [os.path.relpath(f, inputs) for f in files] == ["a.jsonl", "c.txt", "nested/b.jsonl.gz"]
+    result = preprocess(str(inputs), str(tmp_path / "out" / "d"), "CharLevelTokenizer",
+                        append_eod=True)
+    assert result.prefixes == {"text": str(tmp_path / "out" / "d_text_document")}
+    items, ds = read_all(result.prefixes["text"])
+    expected = [list(t.encode()) + [0] for t in ["hello", "wörld", "plain\nfile", "zipped"]]
+    assert items == expected and ds.dtype == np.uint16
+    assert ds.doc_idx.tolist() == [0, 1, 2, 3, 4]
+    assert result.skipped_empty == {"text": 1} and result.tokens == sum(map(len, expected))
+
+
+def test_several_keys_comma_list_and_no_eod(inputs, tmp_path):
+    listed = f"{inputs / 'a.jsonl'},{inputs / 'nested' / 'b.jsonl.gz'}"
+    result = preprocess(listed, str(tmp_path / "k"), "CharLevelTokenizer",
+                        jsonl_keys=["text", "title"])
+    assert read_all(result.prefixes["title"])[0] == [[65], [66], [67], [68]]
+    assert read_all(result.prefixes["text"])[0] == [list(b"hello"), list("wörld".encode()),
+                                                    list(b"zipped")]
+
+
+def test_workers_write_the_same_bytes(tmp_path):
+    records = [{"text": f"document number {i} " * (i % 7 + 1)} for i in range(300)]
+    write_jsonl(tmp_path / "many.jsonl", records)
+    one = preprocess(str(tmp_path / "many.jsonl"), str(tmp_path / "one"), "CharLevelTokenizer",
+                     append_eod=True)
+    two = preprocess(str(tmp_path / "many.jsonl"), str(tmp_path / "two"), "CharLevelTokenizer",
+                     append_eod=True, workers=2)
+    for ext in (".bin", ".idx"):
+        with open(one.prefixes["text"] + ext, "rb") as a, open(two.prefixes["text"] + ext,
+                                                               "rb") as b:
+            assert a.read() == b.read()
+
+
+def test_progress_reports_rates(tmp_path, caplog):
+    write_jsonl(tmp_path / "x.jsonl", [{"text": "abc"}] * 200)
+    with caplog.at_level(logging.INFO, logger="megatron"):
+        preprocess(str(tmp_path / "x.jsonl"), str(tmp_path / "x"), "CharLevelTokenizer",
+                   log_interval=64)
+    assert "processed 64 documents" in caplog.text
+    assert "docs/s" in caplog.text and "tokens/s" in caplog.text and "MB/s" in caplog.text
+    assert "done: 200 documents, 600 tokens" in caplog.text
+
+
+@pytest.mark.parametrize("content, pattern", [
+    ('{"text": "a"}\n{"body": "b"}\n', r"line 2 has no key 'text' \(it has: body\)"),
+    ('{"text": "a"}\nnot json\n', "line 2 is not valid JSON"),
+])
+def test_bad_jsonl_names_file_and_line(tmp_path, content, pattern):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=pattern) as err:
+        preprocess(str(path), str(tmp_path / "bad"), "CharLevelTokenizer")
+    assert str(path) in str(err.value)
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("bad_")]  # nothing half-written
+
+
+def test_missing_and_unsupported_inputs(tmp_path):
+    with pytest.raises(FileNotFoundError, match="input .*nope.jsonl does not exist"):
+        expand_inputs(str(tmp_path / "nope.jsonl"))
+    (tmp_path / "x.csv").write_text("x")
+    with pytest.raises(ValueError, match="unsupported file type"):
+        expand_inputs(str(tmp_path / "x.csv"))
+
+
+def load_script(name):
+    path = os.path.join(REPO, "tools", "datasets", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"tools_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_preprocess_script(inputs, tmp_path, capsys):
+    script = load_script("preprocess_data")
+    script.main(["--input", str(inputs / "a.jsonl"), "--output-prefix", str(tmp_path / "cli"),
+                 "--tokenizer-type", "CharLevelTokenizer", "--append-eod", "--workers", "1",
+                 "--log-interval", "1"])
+    assert read_all(str(tmp_path / "cli_text_document"))[0][0] == list(b"hello") + [0]
+    assert "cli_text_document" in capsys.readouterr().out

@@ -1,0 +1,45 @@
+"""Split strings and document-count weights."""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron.data.splits import (get_train_valid_test_split, parse_split,
+                                  split_document_ranges, weights_by_num_documents)
+
+
+def test_parse_split_forms():
+    assert parse_split("969, 30, 1") == pytest.approx([0.969, 0.030, 0.001])
+    assert parse_split("949,50,1") == pytest.approx([0.949, 0.050, 0.001])
+    assert parse_split("98/2") == pytest.approx([0.98, 0.02, 0.0])
+    assert parse_split("1") == [1.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("bad", ["a,b", "1,2,3,4", "0,0,0", "-1,2,0", "inf,1,1"])
+def test_bad_split_strings(bad):
+    with pytest.raises(ValueError, match="split"):
+        parse_split(bad)
+
+
+def test_boundaries_match_gpt_neox():
+    assert get_train_valid_test_split("969, 30, 1", 1000) == [0, 969, 999, 1000]
+    assert get_train_valid_test_split("949,50,1", 2259) == [0, 2144, 2257, 2259]
+    assert get_train_valid_test_split("1,1,1", 10) == [0, 4, 7, 10]
+    assert get_train_valid_test_split("969, 30, 1", 3) == [0, 3, 3, 3]
+    ranges = split_document_ranges("80,20", 10)
+    assert ranges == {"train": range(0, 8), "valid": range(8, 10), "test": range(10, 10)}
+
+
+def test_weights_by_num_documents():
+    assert weights_by_num_documents([5], 0.3) == [1.0]
+    w = weights_by_num_documents([100, 100], 1.0)
+    assert w == pytest.approx([0.5, 0.5])
+    w = weights_by_num_documents([900, 100], 0.3)
+    # p ~ n^0.3 then * (1 - n/total), normalised
+    p = [0.9 ** 0.3, 0.1 ** 0.3]
+    p = [x / sum(p) for x in p]
+    raw = [p[0] * 0.1, p[1] * 0.9]
+    assert w == pytest.approx([raw[0] / sum(raw), raw[1] / sum(raw)])
+    assert weights_by_num_documents([10, 0], 1.0) == pytest.approx([1.0, 0.0])
+    with pytest.raises(ValueError, match="not all 0"):
+        weights_by_num_documents([0, 0], 1.0)

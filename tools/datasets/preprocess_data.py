@@ -1,0 +1,65 @@
+#!/usr/bin/env python
+"""Tokenize jsonl / jsonl.gz / txt files into GPT-NeoX `.bin`/`.idx` token files.
+
+    python tools/datasets/preprocess_data.py \
+        --input data/mydata.jsonl --output-prefix data/mydata \
+        --tokenizer-type HFTokenizer --vocab-file data/builtin/tokenizer.json \
+        --append-eod --workers 4
+    # writes data/mydata_text_document.bin and .idx; train with
+    #   data_path: data/mydata_text_document
+
+--input takes files, directories (searched recursively) or a comma-separated list of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+from megatron.data.preprocess import preprocess  # noqa: E402
+from megatron.monitoring.logger import setup_logging  # noqa: E402
+from megatron.tokenizer import TOKENIZERS  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    group = parser.add_argument_group("input data")
+    group.add_argument("--input", required=True,
+                       help="jsonl(.gz) or txt files or folders, comma-separated")
+    group.add_argument("--jsonl-keys", nargs="+", default=["text"],
+                       help="jsonl fields to tokenize, one output per field")
+    group.add_argument("--max-docs", type=int, default=None, help="stop after N documents")
+    group = parser.add_argument_group("tokenizer")
+    group.add_argument("--tokenizer-type", required=True, choices=sorted(TOKENIZERS))
+    group.add_argument("--vocab-file", default=None, help="tokenizer vocab / JSON file")
+    group.add_argument("--merge-file", default=None, help="BPE merges file")
+    group.add_argument("--append-eod", action="store_true",
+                       help="append the end-of-document token to every document")
+    group = parser.add_argument_group("output data")
+    group.add_argument("--output-prefix", required=True,
+                       help="writes {prefix}_{key}_document.bin/.idx")
+    group.add_argument("--dataset-impl", default="mmap", choices=["mmap"])
+    group = parser.add_argument_group("runtime")
+    group.add_argument("--workers", type=int, default=1, help="tokenizer processes")
+    group.add_argument("--log-interval", type=int, default=1000,
+                       help="log progress every N documents")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    setup_logging()
+    result = preprocess(args.input, args.output_prefix, args.tokenizer_type, args.vocab_file,
+                        args.merge_file, jsonl_keys=args.jsonl_keys, append_eod=args.append_eod,
+                        workers=args.workers, log_interval=args.log_interval,
+                        max_docs=args.max_docs)
+    for key, prefix in result.prefixes.items():
+        print(f"{key}: {prefix}  ({result.documents} documents, {result.tokens} tokens, "
+              f"{result.dtype})")
+
+
+if __name__ == "__main__":
+    main()
