@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from megatron.data.loaders import build_data_loader, build_train_valid_test_datasets
@@ -55,4 +56,27 @@ def micro_batch_iterator(dataset, consumed_samples: int, args, dp_rank: int, dp_
                                micro_batch_size=args.derived.train_micro_batch_size_per_gpu,
                                data_parallel_rank=dp_rank, data_parallel_size=dp_size,
                                num_workers=args.data.num_workers)
-    return (model_inputs(batch, options) for batch in loader)
+    return TimedIterator(model_inputs(batch, options) for batch in loader)
+
+
+class TimedIterator:
+    """Wraps an iterator and accumulates the seconds spent waiting in `next` (loader wait time)."""
+
+    def __init__(self, iterator):
+        self._it = iter(iterator)
+        self.wait_seconds = 0.0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        start = time.perf_counter()
+        try:
+            return next(self._it)
+        finally:
+            self.wait_seconds += time.perf_counter() - start
+
+    def take_wait(self) -> float:
+        """Seconds waited since the last call."""
+        waited, self.wait_seconds = self.wait_seconds, 0.0
+        return waited

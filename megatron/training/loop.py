@@ -72,6 +72,7 @@ def _pretrain(args) -> RunState:
     state.iteration = int(resumed.get("iteration", 0))
     state.consumed_train_samples = int(resumed.get("consumed_train_samples", 0))
     state.consumed_valid_samples = int(resumed.get("consumed_valid_samples", 0))
+    check_ranks_agree(state)
 
     counts = sample_counts(args)
     train_ds, valid_ds, _ = build_datasets(args, counts, tokenizer.vocab_size)
@@ -96,6 +97,21 @@ def _pretrain(args) -> RunState:
     return state
 
 
+def check_ranks_agree(state: RunState) -> None:
+    """A18: every rank resumes at the same iteration and data position, or none does."""
+    values = torch.tensor([state.iteration, state.consumed_train_samples,
+                           state.consumed_valid_samples], dtype=torch.float64)
+    low, high = values.clone(), values.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    if not torch.equal(low, high):
+        raise RuntimeError(
+            f"ranks disagree on where to resume (iteration, consumed train samples, consumed valid "
+            f"samples): rank {dist.get_rank()} has {values.long().tolist()}, the range over ranks "
+            f"is {low.long().tolist()}..{high.long().tolist()}; the checkpoint's rank files come "
+            "from different saves: load an earlier checkpoint")
+
+
 def _wandb_config(args) -> dict | None:
     lg = args.logging
     if not lg.use_wandb:
@@ -117,7 +133,7 @@ def _train(args, engine, state: RunState, train_iter, valid_iter, tracker: Metri
         state.interval_losses.append(loss)
         if state.iteration % args.logging.log_interval == 0 or state.iteration == t.train_iters:
             elapsed = time.perf_counter() - interval_start
-            _log_train(args, engine, state, tracker, elapsed, tokens_per_iter)
+            _log_train(args, engine, state, tracker, elapsed, tokens_per_iter, train_iter.take_wait())
             interval_start = time.perf_counter()
         if t.eval_interval and state.iteration % t.eval_interval == 0 and valid_iter is not None:
             _evaluate(args, engine, state, valid_iter, tracker)
@@ -137,7 +153,8 @@ def _train(args, engine, state: RunState, train_iter, valid_iter, tracker: Metri
                      f"{os.path.abspath(ck.save)}/global_step{state.iteration}")
 
 
-def _log_train(args, engine, state: RunState, tracker, elapsed: float, tokens_per_iter: int) -> None:
+def _log_train(args, engine, state: RunState, tracker, elapsed: float, tokens_per_iter: int,
+               data_wait: float) -> None:
     n = len(state.interval_losses)
     loss = sum(state.interval_losses) / n
     state.interval_losses.clear()
@@ -147,12 +164,13 @@ def _log_train(args, engine, state: RunState, tracker, elapsed: float, tokens_pe
     iter_time = elapsed / n
     metrics = {"lm_loss": loss, "learning_rate": lr, "grad_norm": grad_norm,
                "tokens_per_sec": tokens_per_iter / iter_time, "iteration_time_ms": iter_time * 1e3,
-               "consumed_samples": state.consumed_train_samples}
+               "data_wait_ms": data_wait / n * 1e3, "consumed_samples": state.consumed_train_samples}
     if grad_norm is None:
         del metrics["grad_norm"]
     line = (f" iteration {state.iteration:>6}/{args.training.train_iters} | lm_loss {loss:.4f} | "
             f"lr {lr:.3e} | " + (f"grad_norm {grad_norm:.3f} | " if grad_norm is not None else "")
-            + f"{metrics['tokens_per_sec']:,.0f} tokens/s | {iter_time * 1e3:.1f} ms/iter")
+            + f"{metrics['tokens_per_sec']:,.0f} tokens/s | {iter_time * 1e3:.1f} ms/iter | "
+            f"data wait {metrics['data_wait_ms']:.1f} ms")
     tracker.log(metrics, state.iteration, console=line)
 
 

@@ -33,6 +33,7 @@ def test_two_processes_train_evaluate_save_and_resume(small_data, tmp_path):
     assert val[-1]["val_loss"] < val[0]["val_loss"]
     for r in train:
         assert r["tokens_per_sec"] > 0 and 0 < r["learning_rate"] <= 2e-3 and r["grad_norm"] > 0
+        assert r["data_wait_ms"] >= 0 and r["iteration_time_ms"] > r["data_wait_ms"]
     ckpt = run / "ckpt"
     assert (ckpt / "latest").read_text().strip() == "global_step30"
     assert sorted(p.name for p in ckpt.iterdir()) == ["global_step10", "global_step20",
