@@ -1,4 +1,7 @@
-"""Causal self-attention with a fused QKV projection, grouped KV heads, rotary/ALiBi positions."""
+"""Causal self-attention with a fused QKV projection, grouped KV heads, rotary/ALiBi positions.
+
+With tensor parallelism each rank holds num_kv_heads/tp KV groups and their query heads.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ from torch import nn
 
 from megatron.model.attention_impls import attention_impl
 from megatron.model.positional import RotaryEmbedding, alibi_slopes
+from megatron.mpu.groups import NO_TP, TensorParallel
+from megatron.mpu.layers import ColumnParallelLinear, RowParallelLinear
 
 
 def rotary_ndims(config) -> int:
@@ -18,13 +23,19 @@ class SelfAttention(nn.Module):
     """Multi-head (or grouped-query) causal self-attention of one transformer layer.
 
     The QKV projection is laid out per KV group as [q_per_kv queries, 1 key, 1 value] x head_dim,
-    which for num_kv_heads == num_attention_heads is GPT-NeoX's interleaved [heads, 3, head_dim].
+    which for num_kv_heads == num_attention_heads is GPT-NeoX's interleaved [heads, 3, head_dim];
+    splitting its rows evenly gives each tensor-parallel rank whole KV groups.
     """
 
-    def __init__(self, config, layer_number: int):
+    def __init__(self, config, layer_number: int, init_fn, out_init_fn, gen: torch.Generator,
+                 tp: TensorParallel = NO_TP):
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv = config.num_kv_heads
+        if config.num_kv_heads % tp.size:
+            raise ValueError(f"num_kv_heads({config.num_kv_heads}) is not divisible by "
+                             f"model_parallel_size({tp.size})")
+        self.tp = tp
+        self.num_heads = config.num_attention_heads // tp.size
+        self.num_kv = config.num_kv_heads // tp.size
         self.q_per_kv = self.num_heads // self.num_kv
         self.head_dim = config.head_dim
         self.dropout_p = config.attention_dropout
@@ -32,23 +43,27 @@ class SelfAttention(nn.Module):
         self.attention_type = config.attention_type(layer_number)
         self.window = config.sliding_window_width if self.attention_type == "local" else None
         self.kernel = attention_impl(self.attention_type)
-        qkv_out = (self.num_heads + 2 * self.num_kv) * self.head_dim
-        self.query_key_value = nn.Linear(config.hidden_size, qkv_out, bias=config.use_bias_in_attn_linear)
-        self.dense = nn.Linear(self.num_heads * self.head_dim, config.hidden_size,
-                               bias=config.use_bias_in_attn_linear)
+        h, d = config.hidden_size, config.head_dim
+        bias = config.use_bias_in_attn_linear
+        qkv_out = (config.num_attention_heads + 2 * config.num_kv_heads) * d
+        self.query_key_value = ColumnParallelLinear(h, qkv_out, init_fn, gen, tp, bias=bias)
+        self.dense = RowParallelLinear(config.num_attention_heads * d, h, out_init_fn, gen, tp,
+                                       bias=bias)
         self.rotary = None
         if config.pos_emb == "rotary":
             self.rotary = RotaryEmbedding(rotary_ndims(config), config.rotary_emb_base,
                                           config.max_position_embeddings)
         if config.pos_emb == "alibi":
-            self.register_buffer("alibi_slopes", alibi_slopes(self.num_heads), persistent=False)
+            slopes = alibi_slopes(config.num_attention_heads).chunk(tp.size)[tp.rank]
+            self.register_buffer("alibi_slopes", slopes.contiguous(), persistent=False)
         else:
             self.alibi_slopes = None
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
                 doc_mask: torch.Tensor | None = None) -> torch.Tensor:
-        b, s, _ = x.shape  # x: [b, s, h]
-        qkv = self.query_key_value(x).view(b, s, self.num_kv, self.q_per_kv + 2, self.head_dim)
+        qkv = self.query_key_value(x)  # [b, s, (heads + 2 kv) d / tp] (s: full sequence)
+        b, s, _ = qkv.shape
+        qkv = qkv.view(b, s, self.num_kv, self.q_per_kv + 2, self.head_dim)
         q = qkv[:, :, :, : self.q_per_kv].reshape(b, s, self.num_heads, self.head_dim).transpose(1, 2)
         k = qkv[:, :, :, self.q_per_kv].transpose(1, 2)  # [b, kv, s, d]
         v = qkv[:, :, :, self.q_per_kv + 1].transpose(1, 2)  # [b, kv, s, d]
@@ -57,9 +72,11 @@ class SelfAttention(nn.Module):
             q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
         mask = self._mask(s, doc_mask, x.device)
         p = self.dropout_p if self.training else 0.0
-        out = self.kernel(q.contiguous(), k.contiguous(), v.contiguous(), mask, p, self.softmax_fp32)
-        out = out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)  # [b, s, h]
-        return self.dense(out)
+        with self.tp.split_region_rng():
+            out = self.kernel(q.contiguous(), k.contiguous(), v.contiguous(), mask, p,
+                              self.softmax_fp32)
+        out = out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)  # [b, s, h/tp]
+        return self.dense(out)  # [b, s, h] (or [b, s/tp, h] with sequence parallelism)
 
     def _mask(self, s: int, doc_mask: torch.Tensor | None, device) -> torch.Tensor | None:
         """None for plain causal attention, else a keep-mask or additive bias [b|1, h|1, s, s]."""

@@ -9,31 +9,40 @@ from megatron.model.attention import SelfAttention
 from megatron.model.init import init_methods, layer_generator
 from megatron.model.mlp import MLP
 from megatron.model.norms import build_norm
+from megatron.mpu.groups import NO_TP, TensorParallel
+from megatron.mpu.layers import mark_sequence_parallel
 
 
 class TransformerLayer(nn.Module):
-    """x + attn(norm(x)), then + mlp(norm(x)); or with gpt_j_residual x + attn(n1(x)) + mlp(n2(x))."""
+    """x + attn(norm(x)), then + mlp(norm(x)); or with gpt_j_residual x + attn(n1(x)) + mlp(n2(x)).
 
-    def __init__(self, config, layer_number: int):
+    With sequence parallelism x is this rank's sequence shard [b, s/tp, h]; attention and MLP
+    gather it and hand back a shard.
+    """
+
+    def __init__(self, config, layer_number: int, tp: TensorParallel = NO_TP):
         super().__init__()
         self.layer_number = layer_number
+        self.tp = tp
         self.gpt_j_residual = config.gpt_j_residual
         self.gpt_j_tied = config.gpt_j_tied
         self.input_layernorm = build_norm(config)
         self.post_attention_layernorm = build_norm(config)
-        self.attention = SelfAttention(config, layer_number)
-        self.mlp = MLP(config)
-        self.hidden_dropout = nn.Dropout(config.hidden_dropout)
-        self._init_weights(config)
-
-    def _init_weights(self, config) -> None:
+        mark_sequence_parallel(self.input_layernorm, tp)
+        mark_sequence_parallel(self.post_attention_layernorm, tp)
         init_fn, out_init_fn = init_methods(config)
-        gen = layer_generator(config.seed, self.layer_number + 1)
-        for linear, fn in ((self.attention.query_key_value, init_fn), (self.attention.dense, out_init_fn),
-                           (self.mlp.dense_h_to_4h, init_fn), (self.mlp.dense_4h_to_h, out_init_fn)):
-            fn(linear.weight, gen)
-            if linear.bias is not None:
-                nn.init.zeros_(linear.bias)
+        gen = layer_generator(config.seed, layer_number + 1)
+        self.attention = SelfAttention(config, layer_number, init_fn, out_init_fn, gen, tp)
+        self.mlp = MLP(config, init_fn, out_init_fn, gen, tp)
+        self.hidden_dropout = nn.Dropout(config.hidden_dropout)
+
+    def _dropout(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.hidden_dropout.p == 0.0:
+            return x
+        if self.tp.sequence_parallel:  # each rank holds different tokens
+            with self.tp.split_region_rng():
+                return self.hidden_dropout(x)
+        return self.hidden_dropout(x)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
                 doc_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -42,9 +51,9 @@ class TransformerLayer(nn.Module):
             attn_in = self.input_layernorm(x)
             mlp_in = attn_in if self.gpt_j_tied else self.post_attention_layernorm(x)
             attn_out = self.attention(attn_in, position_ids, doc_mask)
-            return x + self.hidden_dropout(attn_out) + self.hidden_dropout(self.mlp(mlp_in))
-        x = x + self.hidden_dropout(self.attention(self.input_layernorm(x), position_ids, doc_mask))
-        return x + self.hidden_dropout(self.mlp(self.post_attention_layernorm(x)))
+            return x + self._dropout(attn_out) + self._dropout(self.mlp(mlp_in))
+        x = x + self._dropout(self.attention(self.input_layernorm(x), position_ids, doc_mask))
+        return x + self._dropout(self.mlp(self.post_attention_layernorm(x)))
 
 
 def unpack_mask(mask: torch.Tensor) -> torch.Tensor | None:

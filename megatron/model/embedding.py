@@ -3,44 +3,61 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.init import init_methods, layer_generator
 from megatron.model.positional import sinusoidal_table
+from megatron.mpu.groups import NO_TP, TensorParallel
+from megatron.mpu.layers import VocabParallelEmbedding
+from megatron.mpu.mappings import (copy_to_tensor_parallel, gather_from_sequence_parallel,
+                                   scatter_to_tensor_parallel)
 
 
 class Embedding(nn.Module):
-    """word embeddings [+ position embeddings] -> dropout."""
+    """word embeddings [+ position embeddings] -> dropout; vocabulary split over tp ranks."""
 
-    def __init__(self, config):
+    def __init__(self, config, tp: TensorParallel = NO_TP):
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)
+        self.tp = tp
+        init_fn, _ = init_methods(config)
+        gen = layer_generator(config.seed, 0)
+        self.word_embeddings = VocabParallelEmbedding(config.padded_vocab_size, config.hidden_size,
+                                                      init_fn, gen, tp)
         self.position_embeddings = None
         if config.pos_emb == "learned":
             self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+            init_fn(self.position_embeddings.weight, gen)
         if config.pos_emb == "sinusoidal":
             table = sinusoidal_table(config.max_position_embeddings, config.hidden_size)
             self.register_buffer("sinusoidal", table, persistent=False)
         else:
             self.sinusoidal = None
         self.dropout = nn.Dropout(config.hidden_dropout)
-        init_fn, _ = init_methods(config)
-        gen = layer_generator(config.seed, 0)
-        init_fn(self.word_embeddings.weight, gen)
-        if self.position_embeddings is not None:
-            init_fn(self.position_embeddings.weight, gen)
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        x = self.word_embeddings(tokens)  # [b, s, h]
+        x = self.word_embeddings(tokens)  # [b, s, h] ([b, s/tp, h] with sequence parallelism)
+        pos = None
         if self.position_embeddings is not None:
-            x = x + self.position_embeddings(position_ids)
+            pos = self.position_embeddings(position_ids)
         elif self.sinusoidal is not None:
-            x = x + self.sinusoidal[position_ids].to(x.dtype)
+            pos = self.sinusoidal[position_ids].to(x.dtype)
+        if pos is not None:
+            if self.tp.sequence_parallel:
+                pos = scatter_to_tensor_parallel(pos, self.tp, dim=1)
+            x = x + pos
+        if self.tp.sequence_parallel:
+            with self.tp.split_region_rng():
+                return self.dropout(x)
         return self.dropout(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The tied LM head: hidden [b, s, h] -> logits [b, s, vocab]."""
-        return torch.matmul(hidden, self.word_embeddings.weight.t())
+        """The tied LM head: hidden -> this rank's vocabulary slice of the logits [b, s, V/tp]."""
+        if self.tp.sequence_parallel:
+            hidden = gather_from_sequence_parallel(hidden, self.tp)
+        else:
+            hidden = copy_to_tensor_parallel(hidden, self.tp)
+        return F.linear(hidden, self.word_embeddings.weight)
 
 
 class EmbeddingPipe(Embedding):

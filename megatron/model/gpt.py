@@ -9,7 +9,6 @@ boolean keep-mask when documents are masked from each other, else a 1-element pl
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -17,62 +16,82 @@ from megatron.model.block import TransformerLayerPipe
 from megatron.model.embedding import EmbeddingPipe, tied_lm_head
 from megatron.model.init import init_methods, layer_generator
 from megatron.model.norms import build_norm
+from megatron.mpu.cross_entropy import vocab_parallel_cross_entropy
+from megatron.mpu.groups import NO_TP, TensorParallel
+from megatron.mpu.layers import ColumnParallelLinear, mark_sequence_parallel
 
 
 class FinalNormPipe(nn.Module):
     """The final norm; drops position ids and mask from the pipeline tuple."""
 
-    def __init__(self, config):
+    def __init__(self, config, tp: TensorParallel = NO_TP):
         super().__init__()
         self.norm = build_norm(config)
+        mark_sequence_parallel(self.norm, tp)
 
     def forward(self, inputs):
         hidden, _position_ids, _mask = inputs
         return self.norm(hidden)
 
 
-class LMHead(nn.Module):
-    """Untied output projection hidden [b, s, h] -> logits [b, s, padded_vocab]."""
+class LMHead(ColumnParallelLinear):
+    """Untied output projection hidden [b, s, h] -> this rank's logits slice [b, s, V/tp]."""
 
-    def __init__(self, config):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(config.padded_vocab_size, config.hidden_size))
+    def __init__(self, config, tp: TensorParallel = NO_TP):
         init_fn, _ = init_methods(config)
-        init_fn(self.weight, layer_generator(config.seed, config.num_layers + 1))
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.weight)
+        super().__init__(config.hidden_size, config.padded_vocab_size, init_fn,
+                         layer_generator(config.seed, config.num_layers + 1), tp, bias=False)
 
 
-def build_layer_specs(config) -> list:
+def build_layer_specs(config, tp: TensorParallel = NO_TP) -> list:
     """The model as DeepSpeed layer specs; the single source for every way the model is built."""
     from deepspeed.pipe import LayerSpec, TiedLayerSpec
 
+    if tp.sequence_parallel and config.seq_length % tp.size:
+        raise ValueError(f"sequence_parallel splits the sequence over tensor-parallel ranks: "
+                         f"seq_length({config.seq_length}) must be divisible by "
+                         f"model_parallel_size({tp.size})")
     if config.tied_embeddings:
-        embed = TiedLayerSpec("embed", EmbeddingPipe, config, tied_weight_attr="word_embeddings.weight")
-        head = TiedLayerSpec("embed", EmbeddingPipe, config, forward_fn=tied_lm_head,
+        embed = TiedLayerSpec("embed", EmbeddingPipe, config, tp,
+                              tied_weight_attr="word_embeddings.weight")
+        head = TiedLayerSpec("embed", EmbeddingPipe, config, tp, forward_fn=tied_lm_head,
                              tied_weight_attr="word_embeddings.weight")
     else:
-        embed, head = LayerSpec(EmbeddingPipe, config), LayerSpec(LMHead, config)
-    blocks = [LayerSpec(TransformerLayerPipe, config, i) for i in range(config.num_layers)]
-    return [embed, *blocks, LayerSpec(FinalNormPipe, config), head]
+        embed, head = LayerSpec(EmbeddingPipe, config, tp), LayerSpec(LMHead, config, tp)
+    blocks = [LayerSpec(TransformerLayerPipe, config, i, tp) for i in range(config.num_layers)]
+    return [embed, *blocks, LayerSpec(FinalNormPipe, config, tp), head]
 
 
-def lm_loss(logits: torch.Tensor, targets: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Mean next-token cross entropy over positions where loss_mask is 1, computed in fp32."""
+def lm_loss(logits: torch.Tensor, targets: tuple[torch.Tensor, torch.Tensor],
+            tp: TensorParallel = NO_TP) -> torch.Tensor:
+    """Mean next-token cross entropy over positions where loss_mask is 1, computed in fp32.
+
+    `logits` may be this rank's vocabulary slice; the full logits are never gathered.
+    """
     labels, loss_mask = targets  # [b, s], [b, s]
-    losses = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none")
-    mask = loss_mask.flatten().float()
+    losses = vocab_parallel_cross_entropy(logits, labels, tp)  # [b, s]
+    mask = loss_mask.float()
     return (losses * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+class LMLoss:
+    """lm_loss bound to a tensor-parallel view: the loss_fn handed to DeepSpeed's pipeline."""
+
+    def __init__(self, tp: TensorParallel = NO_TP):
+        self.tp = tp
+        self.__name__ = "lm_loss"
+
+    def __call__(self, logits, targets):
+        return lm_loss(logits, targets, self.tp)
 
 
 class GPTModel(nn.Module):
     """The non-pipelined model built from the same specs (pipe_parallel_size 0, generation, eval)."""
 
-    def __init__(self, config, checkpoint_activations: bool = False):
+    def __init__(self, config, tp: TensorParallel = NO_TP, checkpoint_activations: bool = False):
         super().__init__()
         self.checkpoint_activations = checkpoint_activations
-        specs = build_layer_specs(config)
+        specs = build_layer_specs(config, tp)
         tied: dict[str, nn.Module] = {}
         self.layers = nn.ModuleList()
         self._forward_fns = []
@@ -89,7 +108,7 @@ class GPTModel(nn.Module):
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens [b, s] -> logits [b, s, padded_vocab]."""
+        """tokens [b, s] -> logits [b, s, padded_vocab / tp]."""
         if mask is None:
             mask = torch.zeros(1, dtype=torch.bool, device=tokens.device)
         x = (tokens, position_ids, mask)
@@ -103,14 +122,15 @@ class GPTModel(nn.Module):
         return x
 
 
-def build_pipeline_model(config, topology, partition_method: str, checkpoint_interval: int):
+def build_pipeline_model(config, topology, partition_method: str, checkpoint_interval: int,
+                         tp: TensorParallel = NO_TP):
     """The model as a DeepSpeed PipelineModule over `topology` (a PipeModelDataParallelTopology)."""
     from deepspeed.pipe import PipelineModule
 
     return PipelineModule(
-        layers=build_layer_specs(config),
+        layers=build_layer_specs(config, tp),
         topology=topology,
-        loss_fn=lm_loss,
+        loss_fn=LMLoss(tp),
         partition_method=partition_method,
         activation_checkpoint_interval=checkpoint_interval,
         # the embedding layer must not be checkpointed (its int inputs carry no grad)

@@ -6,19 +6,26 @@ import torch
 from torch import nn
 
 from megatron.model.activations import GATED, get_activation
+from megatron.mpu.groups import NO_TP, TensorParallel
+from megatron.mpu.layers import ColumnParallelLinear, RowParallelLinear
 
 
 class MLP(nn.Module):
-    """dense_h_to_4h, activation, dense_4h_to_h (GPT-NeoX's names)."""
+    """dense_h_to_4h, activation, dense_4h_to_h (GPT-NeoX's names); the intermediate width is
+    split over tensor-parallel ranks (for gated activations, value and gate halves separately)."""
 
-    def __init__(self, config):
+    def __init__(self, config, init_fn, out_init_fn, gen: torch.Generator, tp: TensorParallel = NO_TP):
         super().__init__()
         ffn = config.intermediate_size
-        up = 2 * ffn if config.activation in GATED else ffn
-        self.dense_h_to_4h = nn.Linear(config.hidden_size, up, bias=config.use_bias_in_mlp)
+        gated = config.activation in GATED
+        bias = config.use_bias_in_mlp
+        self.dense_h_to_4h = ColumnParallelLinear(config.hidden_size, 2 * ffn if gated else ffn,
+                                                  init_fn, gen, tp, bias=bias,
+                                                  stride_groups=2 if gated else 1)
         self.activation = get_activation(config.activation)
-        self.dense_4h_to_h = nn.Linear(ffn, config.hidden_size, bias=config.use_bias_in_mlp)
+        self.dense_4h_to_h = RowParallelLinear(ffn, config.hidden_size, out_init_fn, gen, tp,
+                                               bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [b, s, h] -> [b, s, up] -> [b, s, ffn] -> [b, s, h]
+        # x: [b, s, h] -> [b, s, up/tp] -> [b, s, ffn/tp] -> [b, s, h]
         return self.dense_4h_to_h(self.activation(self.dense_h_to_4h(x)))

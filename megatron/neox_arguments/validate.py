@@ -367,7 +367,26 @@ def _deepspeed_extra(c: Config, world_size: int | None) -> Iterator[str]:
         )
 
 
+def _tensor_parallel_splits(c: Config, world_size: int | None) -> Iterator[str]:
+    tp = c["model_parallel_size"]
+    if tp < 1:
+        return
+    ffn = d.mlp_width(c["hidden_size"], c["intermediate_size"], c["activation"],
+                      c["mlp_multiple_of"])
+    if ffn % tp:
+        yield (
+            f"MLP width({ffn}, from intermediate_size / hidden_size and activation) % "
+            f"model_parallel_size({tp}) = {ffn % tp}; it must be 0 so every tensor-parallel rank "
+            "gets an equal slice (set intermediate_size or mlp_multiple_of)."
+        )
+    if c["sequence_parallel"] and c["seq_length"] % tp:
+        yield (
+            f"sequence_parallel splits the sequence over model_parallel_size({tp}) ranks: "
+            f"seq_length({c['seq_length']}) % {tp} = {c['seq_length'] % tp}; it must be 0."
+        )
+
+
 RULES: tuple[Callable[[Config, int | None], Iterator[str]], ...] = (
-    _choices, _heads, _shape, _attention, _world, _precision, _optimizer, _intervals, _checkpoint,
+    _choices, _heads, _tensor_parallel_splits, _shape, _attention, _world, _precision, _optimizer, _intervals, _checkpoint,
     _data, _launcher, _deepspeed_extra,
 )

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from megatron.model.config import ModelConfig
 from megatron.model.gpt import GPTModel, build_pipeline_model
 from megatron.monitoring.logger import get_logger
+from megatron.mpu.deepspeed_adapter import DeepSpeedMPU
+from megatron.mpu.groups import ProcessGroups, TensorParallel
+from megatron.mpu.layers import sync_sequence_parallel_grads
 from megatron.mpu.topology import Topology
 from megatron.training.learning_rates import AnnealingLR, Schedule
 from megatron.training.optimizers import build_optimizer
@@ -20,7 +23,12 @@ class Engine:
 
     engine: object  # deepspeed.DeepSpeedEngine or PipelineEngine
     is_pipeline: bool
-    topology: Topology
+    groups: ProcessGroups
+    tp: TensorParallel
+
+    @property
+    def topology(self) -> Topology:
+        return self.groups.topology
 
     @property
     def lr_scheduler(self) -> AnnealingLR:
@@ -34,17 +42,17 @@ def lr_schedule(args) -> Schedule:
                     style=args.lr_schedule.lr_decay_style)
 
 
-def build_model(args, model_config: ModelConfig, topology: Topology):
+def build_model(args, model_config: ModelConfig, topology: Topology, tp: TensorParallel):
     """A PipelineModule when pipe_parallel_size >= 1, else the plain GPTModel."""
     par = args.parallelism
     if par.pipe_parallel_size >= 1:
         interval = par.checkpoint_num_layers if par.checkpoint_activations else 0
         return build_pipeline_model(model_config, topology.deepspeed_topology(),
-                                    par.pipe_partition_method, interval)
-    return GPTModel(model_config, checkpoint_activations=par.checkpoint_activations)
+                                    par.pipe_partition_method, interval, tp)
+    return GPTModel(model_config, tp, checkpoint_activations=par.checkpoint_activations)
 
 
-def build_engine(args, model_config: ModelConfig, topology: Topology) -> Engine:
+def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engine:
     """Build the model, a torch optimizer and the LR schedule, and hand them to DeepSpeed."""
     import deepspeed
     import torch
@@ -55,7 +63,11 @@ def build_engine(args, model_config: ModelConfig, topology: Topology) -> Engine:
         raise ValueError("fp16 training needs a CUDA GPU: DeepSpeed's CPU accelerator has no fp16 "
                          "support. On CPU use bf16 ('bf16: {enabled: true}', fast on CPUs with "
                          "AMX) or fp32 (remove the fp16 section)")
-    model = build_model(args, model_config, topology)
+    tp = groups.tensor_parallel(args.training.seed, args.parallelism.sequence_parallel)
+    model = build_model(args, model_config, groups.topology, tp)
+    hooked = sync_sequence_parallel_grads(model, tp)
+    if hooked:
+        log.info("sequence parallelism: %d parameters all-reduce their gradients over tp", hooked)
     optimizer = build_optimizer(model, args.optimizer.optimizer["type"],
                                 args.optimizer.optimizer.get("params", {}), args.optimizer.weight_decay)
     schedule = lr_schedule(args)
@@ -65,6 +77,8 @@ def build_engine(args, model_config: ModelConfig, topology: Topology) -> Engine:
         lr_scheduler=lambda opt: AnnealingLR(opt, schedule),
         model_parameters=None,
         config=deepspeed_config(args),
+        # a PipelineModule brings its own grid; a plain module needs our groups
+        mpu=None if args.parallelism.pipe_parallel_size >= 1 else DeepSpeedMPU(groups),
         dist_init_required=False,
     )
     _record_fp32_grad_norm(engine)
@@ -72,18 +86,48 @@ def build_engine(args, model_config: ModelConfig, topology: Topology) -> Engine:
     if is_pipeline:
         # the last element of the stage tuple is a bool mask: DeepSpeed must not expect its grad
         engine.set_has_attention_mask(True)
-    return Engine(engine=engine, is_pipeline=is_pipeline, topology=topology)
+    return Engine(engine=engine, is_pipeline=is_pipeline, groups=groups, tp=tp)
 
 
 def _record_fp32_grad_norm(engine) -> None:
-    """Keep the norm DeepSpeed's fp32 clipping computes (it discards it) for logging.
+    """Replace DeepSpeed's fp32 clipping, which discards the norm and, with pipeline stages,
+    counts only the first stage's replicated parameters, by `clip_grad_norm`.
 
-    With ZeRO or bf16/fp16, DeepSpeed's optimizer wrapper records the norm itself.
+    With ZeRO or bf16/fp16, DeepSpeed's optimizer wrapper computes and records the norm itself.
     """
-    from deepspeed.runtime.utils import clip_grad_norm_
-
     def clip_and_record() -> None:
-        engine._global_grad_norm = clip_grad_norm_(parameters=engine.module.parameters(),
-                                                   max_norm=engine.gradient_clipping(), mpu=engine.mpu)
+        engine._global_grad_norm = clip_grad_norm(engine.module.parameters(),
+                                                  engine.gradient_clipping(), engine.mpu)
 
     engine.clip_fp32_gradients = clip_and_record
+
+
+def clip_grad_norm(parameters, max_norm: float, mpu) -> float:
+    """Scale gradients so their global L2 norm is at most `max_norm`; returns the norm before.
+
+    Each gradient element counts once over the model-parallel group: tensor-parallel shards
+    (`tensor_model_parallel`) on every rank, replicated parameters on tensor rank 0 only, and a
+    tied weight only on the pipeline stage that owns it (DeepSpeed flags the copies
+    `ds_pipe_replicated`). Data-parallel ranks hold identical averaged gradients already.
+    """
+    import torch
+    import torch.distributed as dist
+    from deepspeed.utils.bwc import bwc_tensor_model_parallel_rank
+
+    grads = [p for p in parameters if p.grad is not None]
+    tp_rank = bwc_tensor_model_parallel_rank(mpu=mpu) if mpu is not None else 0
+    total = torch.zeros((), dtype=torch.float64)
+    for p in grads:
+        if getattr(p, "ds_pipe_replicated", False):
+            continue
+        if tp_rank > 0 and not getattr(p, "tensor_model_parallel", False):
+            continue
+        total += p.grad.detach().double().pow(2).sum()
+    if mpu is not None:
+        dist.all_reduce(total, group=mpu.get_model_parallel_group())
+    norm = float(total.sqrt())
+    if max_norm > 0 and norm > max_norm:
+        scale = max_norm / (norm + 1e-6)
+        for p in grads:
+            p.grad.detach().mul_(scale)
+    return norm

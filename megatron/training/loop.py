@@ -15,6 +15,7 @@ from megatron.checkpointing import load_checkpoint, save_checkpoint, should_save
 from megatron.model.config import model_config_from_args
 from megatron.monitoring.logger import get_logger, print_rank_0
 from megatron.monitoring.trackers import MetricsTracker
+from megatron.mpu.groups import ProcessGroups
 from megatron.mpu.initialize import destroy_distributed, init_distributed
 from megatron.mpu.topology import Topology
 from megatron.neox_arguments import padded_vocab_size
@@ -66,7 +67,7 @@ def _pretrain(args) -> RunState:
     vocab = padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by,
                               args.parallelism.model_parallel_size)
     model_config = model_config_from_args(args, vocab)
-    engine = build_engine(args, model_config, topology)
+    engine = build_engine(args, model_config, ProcessGroups.build(topology))
     state = RunState()
     resumed = load_checkpoint(engine, args)
     state.iteration = int(resumed.get("iteration", 0))

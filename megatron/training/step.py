@@ -13,7 +13,7 @@ from megatron.model.gpt import lm_loss
 
 def _dp_mean(value: torch.Tensor, engine) -> float:
     """Average a scalar over the data-parallel group (the pipeline engine already did)."""
-    group = engine.engine.data_parallel_group if hasattr(engine.engine, "data_parallel_group") else None
+    group = engine.groups.dp_group
     size = dist.get_world_size(group=group)
     value = value.detach().float().clone()
     if size > 1:
@@ -34,7 +34,7 @@ def train_step(engine, micro_batches) -> float:
     steps = ds.gradient_accumulation_steps()
     for _ in range(steps):
         inputs, targets = next(micro_batches)
-        loss = lm_loss(ds(*inputs), targets)
+        loss = lm_loss(ds(*inputs), targets, engine.tp)
         ds.backward(loss)
         ds.step()
         total += loss.detach().float()
@@ -52,6 +52,6 @@ def eval_step(engine, micro_batches) -> float:
     steps = ds.gradient_accumulation_steps()
     for _ in range(steps):
         inputs, targets = next(micro_batches)
-        total += lm_loss(ds(*inputs), targets).float()
+        total += lm_loss(ds(*inputs), targets, engine.tp).float()
     ds.train()
     return _dp_mean(total / steps, engine)

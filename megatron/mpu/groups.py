@@ -1,0 +1,84 @@
+"""Process groups built once from a `Topology` and passed explicitly (no module globals, A3).
+
+`ProcessGroups.build(topology)` must be called by every rank, in the same order, after the
+default process group is initialised. Layers receive only the `TensorParallel` view they need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from megatron.mpu.topology import Topology
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """What a tensor-parallel layer needs: its group, its rank and size in it, and whether
+    activations outside attention/MLP are split along the sequence (sequence parallelism)."""
+
+    group: object | None = None
+    rank: int = 0
+    size: int = 1
+    sequence_parallel: bool = False
+    rng: object | None = None  # TensorParallelRNG for dropout in split regions
+
+    @property
+    def enabled(self) -> bool:
+        return self.size > 1
+
+    def split_region_rng(self):
+        """Context for random ops on data that differs across ranks (own heads, own tokens)."""
+        import contextlib
+
+        return self.rng.fork() if (self.enabled and self.rng is not None) else contextlib.nullcontext()
+
+
+NO_TP = TensorParallel()
+
+
+@dataclass(frozen=True)
+class ProcessGroups:
+    """The groups of this rank: tensor (model) parallel, data parallel, pipeline."""
+
+    topology: Topology
+    rank: int
+    tp_group: object
+    dp_group: object
+    pp_group: object
+
+    @classmethod
+    def build(cls, topology: Topology) -> "ProcessGroups":
+        if not dist.is_initialized():
+            raise RuntimeError("process groups were requested before torch.distributed was "
+                               "initialised: call megatron.mpu.initialize.init_distributed first")
+        if dist.get_world_size() != topology.world_size:
+            raise RuntimeError(f"topology tp({topology.tp}) * pp({topology.pp}) * dp({topology.dp}) "
+                               f"= {topology.world_size} != world_size({dist.get_world_size()})")
+        rank = dist.get_rank()
+        mine = {}
+        # every rank creates every group, in one global order, as torch.distributed requires
+        for kind, members_of in (("tp", topology.model_parallel_group),
+                                 ("dp", topology.data_parallel_group),
+                                 ("pp", topology.pipeline_group)):
+            seen = set()
+            for r in range(topology.world_size):
+                members = tuple(members_of(r))
+                if members in seen:
+                    continue
+                seen.add(members)
+                group = dist.new_group(list(members))
+                if rank in members:
+                    mine[kind] = group
+        return cls(topology=topology, rank=rank, tp_group=mine["tp"], dp_group=mine["dp"],
+                   pp_group=mine["pp"])
+
+    def tensor_parallel(self, seed: int, sequence_parallel: bool = False) -> TensorParallel:
+        """The view tensor-parallel layers take; one RNG stream per rank for split regions."""
+        from megatron.mpu.random import TensorParallelRNG
+
+        c = self.topology.coords(self.rank)
+        return TensorParallel(group=self.tp_group, rank=c.model, size=self.topology.tp,
+                              sequence_parallel=sequence_parallel and self.topology.tp > 1,
+                              rng=TensorParallelRNG(seed, c.model))
