@@ -1,0 +1,78 @@
+"""The whole GPT model split over 2 tensor-parallel gloo processes equals one process: logits,
+loss and every gradient, for the architecture options that touch parallel code."""
+
+import pytest
+import torch
+
+from megatron.model.config import ModelConfig
+from megatron.model.gpt import GPTModel, lm_loss
+from megatron.model.partition import canonical_from_module, merge_tensor_parallel
+from megatron.mpu.groups import NO_TP, TensorParallel
+from megatron.mpu.layers import sync_sequence_parallel_grads
+from megatron.mpu.mappings import gather_from_tensor_parallel
+from tests.distributed import run_distributed
+
+ATOL = 2e-5  # fp32, different summation order only
+
+VARIANTS = {
+    "gqa_swiglu_rmsnorm": dict(num_kv_heads=2, activation="swiglu", norm="rmsnorm",
+                               use_bias_in_attn_linear=False, use_bias_in_mlp=False),
+    "tied_learned": dict(tied_embeddings=True, pos_emb="learned"),
+    "local_attention_rotary_quarter": dict(attention_types=("local", "global"),
+                                           sliding_window_width=3, rotary_pct=0.25),
+    "gptj_alibi": dict(gpt_j_residual=True, pos_emb="alibi"),
+}
+
+
+def config(variant: str) -> ModelConfig:
+    base = dict(num_layers=2, hidden_size=32, num_attention_heads=4, num_kv_heads=4,
+                intermediate_size=64, seq_length=8, max_position_embeddings=8,
+                padded_vocab_size=64, init_method="normal", output_layer_init_method="scaled_normal")
+    base.update(VARIANTS[variant])
+    return ModelConfig(**base)
+
+
+def _step(rank, world, variant, sequence_parallel):
+    import torch.distributed as dist
+
+    tp = NO_TP if world == 1 else TensorParallel(group=dist.group.WORLD, rank=rank, size=world,
+                                                 sequence_parallel=sequence_parallel)
+    model = GPTModel(config(variant), tp)
+    sync_sequence_parallel_grads(model, tp)
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, 64, (2, 8), generator=g)
+    labels = torch.randint(0, 64, (2, 8), generator=g)
+    positions = torch.arange(8).expand(2, 8)
+    logits = model(tokens, positions)
+    loss = lm_loss(logits, (labels, torch.ones(2, 8)), tp)
+    loss.backward()
+    grads = canonical_from_module({n: p.grad for n, p in model.named_parameters()})
+    return {"loss": loss.detach(), "logits": gather_from_tensor_parallel(logits.detach(), tp),
+            "grads": grads}
+
+
+def merged_grads(results, gated):
+    names = results[0]["grads"]
+    out = {}
+    for name in names:
+        layer, path = name.split(".", 1)
+        out[name] = merge_tensor_parallel([{path: r["grads"][name]} for r in results], gated)[path]
+    return out
+
+
+CASES = [(v, False) for v in sorted(VARIANTS)] + [("gqa_swiglu_rmsnorm", True)]
+
+
+@pytest.mark.parametrize("variant,sequence_parallel", CASES,
+                         ids=[f"{v}-{'sp' if sp else 'tp2'}" for v, sp in CASES])
+def test_tensor_parallel_model_equals_one_process(variant, sequence_parallel):
+    ref = _step(0, 1, variant, False)
+    results = run_distributed(_step, 2, variant, sequence_parallel)
+    gated = config(variant).activation == "swiglu"
+    for r in results:
+        assert torch.allclose(r["loss"], ref["loss"], atol=ATOL)
+        assert torch.allclose(r["logits"], ref["logits"], atol=ATOL)
+    grads = merged_grads(results, gated)
+    assert grads.keys() == ref["grads"].keys()
+    for name, expected in ref["grads"].items():
+        assert torch.allclose(grads[name], expected, atol=ATOL), name
