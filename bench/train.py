@@ -1,0 +1,204 @@
+"""Training-step throughput: our DeepSpeed step against Hugging Face GPTNeoXForCausalLM trained
+with torch AdamW in a plain loop, same dimensions, batch and dtype, measured in the same run;
+plus MFU against a bf16 matmul peak measured here too.
+
+    python bench/train.py                                # tiny and 125M-class, fp32 and bf16
+    python bench/train.py --sizes tiny --dtypes bf16 --steps 3
+    python bench/train.py --sizes 125m 1-3b --seq 2048 --micro 8 --dtypes bf16   # on a GPU
+
+bf16 means DeepSpeed's bf16 mode for us (bf16 weights and activations, fp32 master weights in
+the optimizer) and torch.autocast(bfloat16) with fp32 weights for the reference: both are the
+mixed-precision recipe each stack ships. Data is random tokens (throughput only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SIZES = {  # config file, seq_length and micro batch for a CPU run
+    "tiny": ("configs/tiny.yml", 128, 8),
+    "125m": ("configs/125M.yml", 512, 4),
+    "1-3b": ("configs/1-3B.yml", 512, 1),
+}
+
+
+def device():
+    import torch
+
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def sync():
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def matmul_peak_bf16(n: int = 4096 if os.environ.get("CUDA_VISIBLE_DEVICES") else 2048) -> float:
+    """Best bf16 matmul FLOP/s of an n x n x n product on this device."""
+    import torch
+
+    if torch.cuda.is_available():
+        n = 8192
+    a = torch.randn(n, n, device=device(), dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device(), dtype=torch.bfloat16)
+    best = 0.0
+    for _ in range(5):
+        sync()
+        start = time.perf_counter()
+        (a @ b).sum()
+        sync()
+        best = max(best, 2 * n**3 / (time.perf_counter() - start))
+    return best
+
+
+def neox_args(size: str, dtype: str, seq: int, micro: int, pipe: int):
+    from megatron.neox_arguments import NeoXArgs
+
+    path, _, _ = SIZES[size]
+    precision = "{enabled: true}" if dtype == "bf16" else "{enabled: false}"
+    return NeoXArgs.from_ymls([str(ROOT / path)], [
+        "num_gpus=1", f"seq_length={seq}", f"max_position_embeddings={seq}",
+        f"train_micro_batch_size_per_gpu={micro}", f"train_batch_size={micro}",
+        "gradient_accumulation_steps=null", f"bf16={precision}", "fp16=null",
+        "checkpoint_activations=false", "zero_optimization={stage: 0}", "hidden_dropout=0",
+        "attention_dropout=0", "save=null", "load=null", "train_iters=100", "log_dir=null",
+        "data_path=null", "vocab_file=null", "model_parallel_size=1",
+        f"pipe_parallel_size={pipe}",
+    ]).with_world_size(1)
+
+
+def batches(vocab: int, micro: int, seq: int):
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    while True:
+        text = torch.randint(0, vocab, (micro, seq + 1), generator=g)
+        tokens, labels = text[:, :-1].to(device()), text[:, 1:].to(device())
+        positions = torch.arange(seq, device=device()).expand(micro, seq)
+        yield ((tokens, positions, torch.zeros(1, dtype=torch.bool, device=device())),
+               (labels, torch.ones(micro, seq, device=device())))
+
+
+def time_steps(step, warmup: int, steps: int) -> float:
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        sync()
+        start = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_ours(args, vocab: int, warmup: int, steps: int):
+    from megatron.model.config import model_config_from_args
+    from megatron.mpu.groups import ProcessGroups
+    from megatron.mpu.topology import Topology
+    from megatron.training.engine import build_engine
+    from megatron.training.step import train_step
+
+    config = model_config_from_args(args, vocab)
+    engine = build_engine(args, config, ProcessGroups.build(Topology(1, 1, 1)))
+    data = batches(vocab, args.derived.train_micro_batch_size_per_gpu, args.model.seq_length)
+    seconds = time_steps(lambda: train_step(engine, data), warmup, steps)
+    del engine
+    return config, seconds
+
+
+def hf_model(config):
+    import torch
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    hf = GPTNeoXConfig(
+        vocab_size=config.padded_vocab_size, hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_layers, num_attention_heads=config.num_attention_heads,
+        intermediate_size=config.intermediate_size, rotary_pct=config.rotary_pct,
+        rotary_emb_base=config.rotary_emb_base, max_position_embeddings=config.max_position_embeddings,
+        layer_norm_eps=config.norm_epsilon, use_parallel_residual=config.gpt_j_residual,
+        hidden_dropout=0.0, attention_dropout=0.0, tie_word_embeddings=config.tied_embeddings,
+        attn_implementation="sdpa", hidden_act="gelu")
+    return GPTNeoXForCausalLM(hf).to(device()).to(torch.float32)
+
+
+def bench_hf(config, dtype: str, micro: int, warmup: int, steps: int) -> float:
+    import torch
+
+    model = hf_model(config)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=0.01)
+    data = batches(config.padded_vocab_size, micro, config.seq_length)
+    autocast = torch.autocast(device_type=device().type, dtype=torch.bfloat16,
+                              enabled=dtype == "bf16")
+
+    def step():
+        (tokens, _, _), (labels, _) = next(data)
+        with autocast:
+            logits = model(input_ids=tokens).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return time_steps(step, warmup, steps)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "125m"], choices=sorted(SIZES))
+    parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=None, help="override the size's seq_length")
+    parser.add_argument("--micro", type=int, default=None, help="override the micro batch")
+    parser.add_argument("--pipe-parallel-size", type=int, default=1,
+                        help="1: our model as a one-stage DeepSpeed PipelineModule (GPT-NeoX's "
+                             "default); 0: as a plain module")
+    opts = parser.parse_args(argv)
+
+    os.environ.update({k: os.environ.get(k, v) for k, v in dict(
+        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29517").items()})
+    from megatron.monitoring.logger import setup_logging
+    from megatron.mpu.initialize import init_distributed
+    from megatron.training.flops import count_parameters, flops_per_token
+
+    setup_logging("warning")
+    init_distributed("auto", 5.0)
+    import torch
+
+    peak = matmul_peak_bf16()
+    print(f"device: {device()} ({torch.get_num_threads()} threads); bf16 matmul peak "
+          f"{peak / 1e12:.2f} TFLOP/s (measured)")
+    print(f"{'size':>5} {'dtype':>5} {'params':>9} {'seq':>5} {'micro':>5} | {'ours ms':>9} "
+          f"{'ours tok/s':>10} | {'HF ms':>9} {'HF tok/s':>10} | {'ours/HF':>7} | {'MFU':>6}")
+    for size in opts.sizes:
+        _, seq, micro = SIZES[size]
+        seq, micro = opts.seq or seq, opts.micro or micro
+        for dtype in opts.dtypes:
+            args = neox_args(size, dtype, seq, micro, opts.pipe_parallel_size)
+            vocab = 50304 if size != "tiny" else 8192
+            config, ours = bench_ours(args, vocab, opts.warmup, opts.steps)
+            ref = bench_hf(config, dtype, micro, opts.warmup, opts.steps)
+            tokens = micro * seq
+            mfu = flops_per_token(config) * tokens / ours / peak
+            print(f"{size:>5} {dtype:>5} {count_parameters(config) / 1e6:>8.1f}M {seq:>5} {micro:>5} | "
+                  f"{ours * 1e3:>9.1f} {tokens / ours:>10,.0f} | {ref * 1e3:>9.1f} "
+                  f"{tokens / ref:>10,.0f} | {ref / ours:>6.2f}x | {mfu:>6.1%}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Parameter count and training FLOPs per token as functions of the model config (for MFU)."""
+
+from __future__ import annotations
+
+from megatron.model.activations import GATED
+from megatron.model.config import ModelConfig
+
+
+def _norm_params(config: ModelConfig) -> int:
+    if config.norm == "scalenorm":
+        return 1
+    return config.hidden_size * (2 if config.use_bias_in_norms else 1)
+
+
+def _matmul_params_per_layer(config: ModelConfig) -> int:
+    h, d = config.hidden_size, config.head_dim
+    qkv = h * (config.num_attention_heads + 2 * config.num_kv_heads) * d
+    dense = config.num_attention_heads * d * h
+    up = config.intermediate_size * (2 if config.activation in GATED else 1)
+    return qkv + dense + h * up + config.intermediate_size * h
+
+
+def count_parameters(config: ModelConfig) -> int:
+    """Every parameter of the full (unsharded) model, tied weights counted once."""
+    h, d = config.hidden_size, config.head_dim
+    embed = config.padded_vocab_size * h
+    if config.pos_emb == "learned":
+        embed += config.max_position_embeddings * h
+    per_layer = _matmul_params_per_layer(config) + 2 * _norm_params(config)
+    if config.use_bias_in_attn_linear:
+        per_layer += (config.num_attention_heads + 2 * config.num_kv_heads) * d + h
+    if config.use_bias_in_mlp:
+        up = config.intermediate_size * (2 if config.activation in GATED else 1)
+        per_layer += up + h
+    head = 0 if config.tied_embeddings else config.padded_vocab_size * h
+    return embed + config.num_layers * per_layer + _norm_params(config) + head
+
+
+def flops_per_token(config: ModelConfig, seq_length: int | None = None) -> float:
+    """Training FLOPs per token (forward + backward = 3x forward), counting matmuls only.
+
+    Forward: 2 FLOPs per weight of every linear layer and the LM head, plus attention's two
+    [s x s] products, 2 * 2 * s * (heads * head_dim) per layer (full, not causal-halved, as in
+    the usual MFU convention of PaLM and Megatron).
+    """
+    s = seq_length or config.seq_length
+    attn_width = config.num_attention_heads * config.head_dim
+    forward = (2 * config.num_layers * _matmul_params_per_layer(config)
+               + 2 * config.padded_vocab_size * config.hidden_size
+               + config.num_layers * 4 * s * attn_width)
+    return 3.0 * forward
