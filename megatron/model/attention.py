@@ -60,7 +60,9 @@ class SelfAttention(nn.Module):
             self.alibi_slopes = None
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
-                doc_mask: torch.Tensor | None = None) -> torch.Tensor:
+                doc_mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        """x [b, s, h] -> [b, s, h]. With `cache` (a LayerCache), x holds only the new tokens:
+        their keys and values join the cached ones and queries attend over all of them."""
         qkv = self.query_key_value(x)  # [b, s, (heads + 2 kv) d / tp] (s: full sequence)
         b, s, _ = qkv.shape
         qkv = qkv.view(b, s, self.num_kv, self.q_per_kv + 2, self.head_dim)
@@ -70,7 +72,11 @@ class SelfAttention(nn.Module):
         if self.rotary is not None:
             cos, sin = self.rotary.cos_sin(position_ids)
             q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
-        mask = self._mask(s, doc_mask, x.device)
+        offset, key_keep = 0, None
+        if cache is not None:
+            offset = cache.offset
+            k, v, key_keep = cache.update(k, v)  # [b, kv, offset + s, d]
+        mask = self._mask(s, k.shape[2], offset, doc_mask, key_keep, x.device)
         p = self.dropout_p if self.training else 0.0
         with self.tp.split_region_rng():
             out = self.kernel(q.contiguous(), k.contiguous(), v.contiguous(), mask, p,
@@ -78,19 +84,26 @@ class SelfAttention(nn.Module):
         out = out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)  # [b, s, h/tp]
         return self.dense(out)  # [b, s, h] (or [b, s/tp, h] with sequence parallelism)
 
-    def _mask(self, s: int, doc_mask: torch.Tensor | None, device) -> torch.Tensor | None:
-        """None for plain causal attention, else a keep-mask or additive bias [b|1, h|1, s, s]."""
-        if doc_mask is None and self.window is None and self.alibi_slopes is None:
+    def _mask(self, s_q: int, s_k: int, offset: int, doc_mask: torch.Tensor | None,
+              key_keep: torch.Tensor | None, device) -> torch.Tensor | None:
+        """None for plain causal attention, else a keep-mask or additive bias [b|1, h|1, s_q, s_k].
+
+        Query i sits at absolute position offset + i; key j at position j.
+        """
+        plain = offset == 0 and s_q == s_k and key_keep is None
+        if plain and doc_mask is None and self.window is None and self.alibi_slopes is None:
             return None
-        i = torch.arange(s, device=device).unsqueeze(1)
-        j = torch.arange(s, device=device).unsqueeze(0)
-        keep = j <= i  # [s, s]
+        i = torch.arange(s_q, device=device).unsqueeze(1) + offset
+        j = torch.arange(s_k, device=device).unsqueeze(0)
+        keep = j <= i  # [s_q, s_k]
         if self.window is not None:
             keep = keep & (i - j < self.window)
-        keep = keep.view(1, 1, s, s)
+        keep = keep.view(1, 1, s_q, s_k)
         if doc_mask is not None:
             keep = keep & doc_mask  # doc_mask: [b, 1, s, s]
+        if key_keep is not None:
+            keep = keep & key_keep[:, None, None, :]  # padding of left-padded prompts
         if self.alibi_slopes is None:
             return keep
-        bias = -(i - j).clamp(min=0).float() * self.alibi_slopes.view(-1, 1, 1)  # [h, s, s]
+        bias = -(i - j).clamp(min=0).float() * self.alibi_slopes.view(-1, 1, 1)  # [h, s_q, s_k]
         return bias.unsqueeze(0).masked_fill(~keep, float("-inf"))

@@ -45,14 +45,14 @@ class TransformerLayer(nn.Module):
         return self.hidden_dropout(x)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
-                doc_mask: torch.Tensor | None = None) -> torch.Tensor:
-        # x: [b, s, h]
+                doc_mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        # x: [b, s, h]; `cache` is this layer's LayerCache when decoding incrementally
         if self.gpt_j_residual:
             attn_in = self.input_layernorm(x)
             mlp_in = attn_in if self.gpt_j_tied else self.post_attention_layernorm(x)
-            attn_out = self.attention(attn_in, position_ids, doc_mask)
+            attn_out = self.attention(attn_in, position_ids, doc_mask, cache)
             return x + self._dropout(attn_out) + self._dropout(self.mlp(mlp_in))
-        x = x + self._dropout(self.attention(self.input_layernorm(x), position_ids, doc_mask))
+        x = x + self._dropout(self.attention(self.input_layernorm(x), position_ids, doc_mask, cache))
         return x + self._dropout(self.mlp(self.post_attention_layernorm(x)))
 
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from megatron.model.block import TransformerLayerPipe
+from megatron.model.block import TransformerLayer, TransformerLayerPipe, unpack_mask
 from megatron.model.embedding import EmbeddingPipe, tied_lm_head
 from megatron.model.init import init_methods, layer_generator
 from megatron.model.norms import build_norm
@@ -90,35 +90,47 @@ class GPTModel(nn.Module):
 
     def __init__(self, config, tp: TensorParallel = NO_TP, checkpoint_activations: bool = False):
         super().__init__()
+        self.config = config
         self.checkpoint_activations = checkpoint_activations
-        specs = build_layer_specs(config, tp)
         tied: dict[str, nn.Module] = {}
         self.layers = nn.ModuleList()
-        self._forward_fns = []
-        for spec in specs:
+        self._calls = []  # (forward_fn or None, module) in spec order
+        for spec in build_layer_specs(config, tp):
             key = getattr(spec, "key", None)
             if key is not None and key in tied:
-                self._forward_fns.append((len(self._forward_fns), spec.forward_fn, tied[key]))
+                self._calls.append((spec.forward_fn, tied[key]))
                 continue
             module = spec.build()
             if key is not None:
                 tied[key] = module
-            self._forward_fns.append((len(self._forward_fns), None, module))
+            self._calls.append((None, module))
             self.layers.append(module)
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens [b, s] -> logits [b, s, padded_vocab / tp]."""
+                mask: torch.Tensor | None = None, kv_cache=None) -> torch.Tensor:
+        """tokens [b, s] -> logits [b, s, padded_vocab / tp].
+
+        With `kv_cache` (a KVCache), `tokens` are only the new tokens after the cached ones;
+        the cache is extended by them.
+        """
         if mask is None:
             mask = torch.zeros(1, dtype=torch.bool, device=tokens.device)
         x = (tokens, position_ids, mask)
-        for _, forward_fn, module in self._forward_fns:
+        block = 0
+        for forward_fn, module in self._calls:
             if forward_fn is not None:
                 x = forward_fn(module, x)
+            elif isinstance(module, TransformerLayerPipe) and kv_cache is not None:
+                hidden, pos, m = x
+                x = (TransformerLayer.forward(module, hidden, pos, unpack_mask(m),
+                                              kv_cache.layer(block)), pos, m)
+                block += 1
             elif self.checkpoint_activations and self.training and isinstance(module, TransformerLayerPipe):
                 x = checkpoint(module, x, use_reentrant=False)
             else:
                 x = module(x)
+        if kv_cache is not None:
+            kv_cache.advance(tokens.shape[1])
         return x
 
 

@@ -61,3 +61,15 @@ def canonical_from_module(state_dict: dict[str, torch.Tensor]) -> dict[str, torc
             raise ValueError(f"unexpected tensor {name} in a GPTModel state dict")
         out[f"{int(match.group(1))}.{match.group(2)}"] = tensor
     return out
+
+
+def shard_canonical(full: dict[str, torch.Tensor], tp, gated_mlp: bool) -> dict[str, torch.Tensor]:
+    """A `GPTModel` state dict for tensor-parallel view `tp` from canonical full tensors."""
+    from megatron.mpu.layers import shard
+
+    out = {}
+    for name, tensor in full.items():
+        layer, path = name.split(".", 1)
+        spec = split_of(path, gated_mlp)
+        out[f"layers.{layer}.{path}"] = tensor if spec is None else shard(tensor, spec[0], tp, spec[1])
+    return out

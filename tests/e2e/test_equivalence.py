@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.runs import deepy, explain, read_metrics, tiny_overrides
-from tests.weights import full_weights
+from megatron.checkpointing.weights import full_weights
 
 STEPS = 6
 LOSS_RTOL = 2e-5

@@ -101,3 +101,18 @@ def test_fp16_on_cpu_is_refused_with_what_to_use_instead(small_data, tmp_path):
     assert proc.returncode != 0
     assert "fp16 training needs a CUDA GPU" in proc.stderr and "bf16" in proc.stderr, explain(proc)
     assert "Traceback" not in proc.stderr
+
+
+def test_llama_style_config_trains_with_tensor_parallel_gqa(small_data, tmp_path):
+    """configs/tiny_llama.yml: rmsnorm, swiglu, rotary, 2 KV heads for 4 query heads, no biases;
+    split over 2 tensor-parallel ranks (one KV head each)."""
+    prefix, tok = small_data
+    run = tmp_path / "run"
+    proc = deepy("train.py", "configs/tiny_llama.yml",
+                 *tiny_overrides(prefix, tok, run, model_parallel_size=2, checkpoint_factor=20))
+    assert proc.returncode == 0, explain(proc)
+    assert "tp=2 pp=1 dp=1" in proc.stdout
+    train, val = read_metrics(run / "logs")
+    assert_learned(train)
+    names = {p.name for p in (run / "ckpt" / "global_step20").iterdir()}
+    assert {"layer_01-model_00-model_states.pt", "layer_01-model_01-model_states.pt"} <= names

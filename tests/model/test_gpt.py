@@ -124,3 +124,40 @@ def test_rotary_matches_a_direct_complex_rotation():
     z = torch.complex(x[0, 0, :, :4], x[0, 0, :, 4:]) * torch.polar(torch.ones_like(theta), theta)
     assert torch.allclose(out[0, 0, :, :4], z.real, atol=1e-5)
     assert torch.allclose(out[0, 0, :, 4:], z.imag, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["neox", "llama", "alibi_mqa", "sinusoidal_local", "learned_tied"])
+def test_kv_cache_decoding_equals_full_forward(name):
+    """Prefill 5 tokens, then feed 1 token at a time through the cache: the logits of every
+    position equal one forward pass over the whole sequence."""
+    from megatron.model.kv_cache import KVCache
+
+    c = config(**VARIANTS[name])
+    model = GPTModel(c).eval()
+    tokens = torch.randint(0, 128, (2, 10), generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(10).expand(2, 10)
+    with torch.no_grad():
+        full = model(tokens, pos)
+        cache = KVCache(c.num_layers, 2, 10, c.num_kv_heads, c.head_dim)
+        parts = [model(tokens[:, :5], pos[:, :5], kv_cache=cache)]
+        for t in range(5, 10):
+            parts.append(model(tokens[:, t:t + 1], pos[:, t:t + 1], kv_cache=cache))
+    assert cache.length == 10
+    assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-5)
+
+
+def test_kv_cache_with_left_padding_matches_unpadded_prompt():
+    """A shorter prompt left-padded in a batch gives the logits it gets alone."""
+    from megatron.model.kv_cache import KVCache
+
+    c = config(**VARIANTS["llama"])
+    model = GPTModel(c).eval()
+    prompt = torch.randint(0, 128, (1, 4), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        alone = model(prompt, torch.arange(4).unsqueeze(0))
+        padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), prompt], dim=1)  # 3 pad tokens
+        keep = torch.tensor([[False] * 3 + [True] * 4])
+        positions = torch.tensor([[0, 0, 0, 0, 1, 2, 3]])
+        cache = KVCache(c.num_layers, 1, 7, c.num_kv_heads, c.head_dim, key_padding=keep)
+        out = model(padded, positions, kv_cache=cache)
+    assert torch.allclose(out[:, 3:], alone, atol=1e-5)

@@ -76,3 +76,20 @@ def test_tensor_parallel_model_equals_one_process(variant, sequence_parallel):
     assert grads.keys() == ref["grads"].keys()
     for name, expected in ref["grads"].items():
         assert torch.allclose(grads[name], expected, atol=ATOL), name
+
+
+def test_canonical_state_round_trips_through_shards():
+    """A tp2 model loaded from the canonical full weights of a one-process model is that model:
+    shard_canonical then merge_tensor_parallel gives the canonical weights back."""
+    from megatron.model.partition import shard_canonical
+    from megatron.mpu.groups import TensorParallel
+
+    c = config("gqa_swiglu_rmsnorm")
+    full = canonical_from_module(GPTModel(c).state_dict())
+    shards = [shard_canonical(full, TensorParallel(rank=r, size=2), gated_mlp=True) for r in (0, 1)]
+    for name, tensor in full.items():
+        layer, path = name.split(".", 1)
+        merged = merge_tensor_parallel([{path: s[f"layers.{name}"]} for s in shards], True)[path]
+        assert torch.equal(merged, tensor), name
+    assert shards[0]["layers.1.attention.query_key_value.weight"].shape[0] == \
+        full["1.attention.query_key_value.weight"].shape[0] // 2

@@ -1,4 +1,8 @@
-"""Reading a DeepSpeed checkpoint of our model back as full (un-sharded) canonical tensors."""
+"""Reading a checkpoint's model weights back as full (un-sharded) canonical tensors, whatever
+tensor/pipeline layout and ZeRO stage wrote it; the reader generation, eval and export use.
+
+Canonical names are `<layer index>.<parameter path>` (see megatron.model.partition).
+"""
 
 from __future__ import annotations
 
