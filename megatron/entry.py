@@ -17,7 +17,12 @@ USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError, PermissionError)
 
 
 def split_command_line(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(config files, `key=value` overrides); `--key value` and `--key=value` are accepted too."""
+    """(config files, `key=value` overrides).
+
+    GPT-NeoX's forms work too: `--key value`, `--key=value`, and `--key v1 v2 ...` (a list,
+    e.g. `--eval_tasks lambada_openai hellaswag`); values run until the next `--option`,
+    `key=value` or config file.
+    """
     files, overrides = [], []
     i = 0
     while i < len(argv):
@@ -26,17 +31,28 @@ def split_command_line(argv: list[str]) -> tuple[list[str], list[str]]:
             key = item[2:]
             if "=" in key:
                 overrides.append(key)
-            elif i + 1 < len(argv):
-                overrides.append(f"{key}={argv[i + 1]}")
                 i += 1
-            else:
+                continue
+            values = []
+            i += 1
+            while i < len(argv) and not _is_option_or_file(argv[i]):
+                values.append(argv[i])
+                i += 1
+            if not values:
                 raise ValueError(f"command-line option {item} has no value; write {key}=VALUE")
-        elif "=" in item and not item.endswith((".yml", ".yaml")):
+            overrides.append(f"{key}={values[0]}" if len(values) == 1
+                             else f"{key}=[{', '.join(values)}]")
+            continue
+        if "=" in item and not item.endswith((".yml", ".yaml")):
             overrides.append(item)
         else:
             files.append(item)
         i += 1
     return files, overrides
+
+
+def _is_option_or_file(item: str) -> bool:
+    return item.startswith("--") or item.endswith((".yml", ".yaml")) or "=" in item
 
 
 def run_entry(main: Callable[[], int | None]) -> int:
