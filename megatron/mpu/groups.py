@@ -37,6 +37,11 @@ class TensorParallel:
 
 NO_TP = TensorParallel()
 
+# The one piece of process state: the layout this process's groups were built for, so that a
+# second build with other degrees fails instead of mixing two layouts (A3). The groups
+# themselves are never looked up globally; they are passed explicitly.
+_BUILT_FOR: dict[str, Topology] = {}
+
 
 @dataclass(frozen=True)
 class ProcessGroups:
@@ -56,6 +61,12 @@ class ProcessGroups:
         if dist.get_world_size() != topology.world_size:
             raise RuntimeError(f"topology tp({topology.tp}) * pp({topology.pp}) * dp({topology.dp}) "
                                f"= {topology.world_size} != world_size({dist.get_world_size()})")
+        built = _BUILT_FOR.get("topology")
+        if built is not None and built != topology:
+            raise RuntimeError(f"process groups were already built for tp={built.tp} pp={built.pp} "
+                               f"dp={built.dp}; building them again for tp={topology.tp} "
+                               f"pp={topology.pp} dp={topology.dp} in the same process would mix "
+                               "two layouts: start a new process for a different layout")
         rank = dist.get_rank()
         mine = {}
         # every rank creates every group, in one global order, as torch.distributed requires
@@ -71,6 +82,7 @@ class ProcessGroups:
                 group = dist.new_group(list(members))
                 if rank in members:
                     mine[kind] = group
+        _BUILT_FOR["topology"] = topology
         return cls(topology=topology, rank=rank, tp_group=mine["tp"], dp_group=mine["dp"],
                    pp_group=mine["pp"])
 
