@@ -24,8 +24,11 @@ def test_two_processes_train_evaluate_save_and_resume(small_data, tmp_path):
     run = tmp_path / "run"
     over = tiny_overrides(prefix, tok, run, train_iters=30, tensorboard_dir=str(run / "tb"),
                           use_wandb=True)
+    port = next(o.split("=")[1] for o in over if o.startswith("master_port="))
     proc = deepy("train.py", "configs/tiny.yml", *over, env={"WANDB_MODE": "offline"})
     assert proc.returncode == 0, explain(proc)
+    # nothing left behind in shared memory (DeepSpeed's CPU all-reduce buffers are 69 MB each)
+    assert not list(Path("/dev/shm").glob(f"*_{port}_*"))
     train, val = read_metrics(run / "logs")
     assert [r["iteration"] for r in train] == [5, 10, 15, 20, 25, 30]
     assert [r["iteration"] for r in val] == [10, 20, 30]
