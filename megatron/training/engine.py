@@ -114,20 +114,20 @@ def clip_grad_norm(parameters, max_norm: float, mpu) -> float:
     import torch.distributed as dist
     from deepspeed.utils.bwc import bwc_tensor_model_parallel_rank
 
-    grads = [p for p in parameters if p.grad is not None]
+    params = [p for p in parameters if p.grad is not None]
+    if not params:
+        return 0.0
     tp_rank = bwc_tensor_model_parallel_rank(mpu=mpu) if mpu is not None else 0
-    total = torch.zeros((), dtype=torch.float64)
-    for p in grads:
-        if getattr(p, "ds_pipe_replicated", False):
-            continue
-        if tp_rank > 0 and not getattr(p, "tensor_model_parallel", False):
-            continue
-        total += p.grad.detach().double().pow(2).sum()
+    counted = [p.grad.detach() for p in params
+               if not getattr(p, "ds_pipe_replicated", False)
+               and (tp_rank == 0 or getattr(p, "tensor_model_parallel", False))]
+    total = torch.zeros((), dtype=torch.float64, device=params[0].grad.device)
+    if counted:
+        # one fused pass over all gradients; squares summed in fp64
+        total += torch.stack(torch._foreach_norm(counted)).double().pow(2).sum()
     if mpu is not None:
         dist.all_reduce(total, group=mpu.get_model_parallel_group())
     norm = float(total.sqrt())
     if max_norm > 0 and norm > max_norm:
-        scale = max_norm / (norm + 1e-6)
-        for p in grads:
-            p.grad.detach().mul_(scale)
+        torch._foreach_mul_([p.grad.detach() for p in params], max_norm / (norm + 1e-6))
     return norm

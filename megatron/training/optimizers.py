@@ -21,15 +21,24 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [g for g in groups if g["params"]]
 
 
+def _fusable(groups) -> bool:
+    """torch's fused Adam kernel takes float tensors on CPU and CUDA, one device for all."""
+    tensors = [p for g in groups for p in g["params"]]
+    devices = {p.device.type for p in tensors}
+    return len(devices) == 1 and devices <= {"cpu", "cuda"} and all(p.is_floating_point() for p in tensors)
+
+
 def _adamw(groups, params: dict) -> torch.optim.Optimizer:
+    # fused: one kernel for all parameters instead of a Python loop over them (torch only picks
+    # a multi-tensor path by itself on CUDA)
     return torch.optim.AdamW(groups, lr=params.get("lr", 1e-3),
                              betas=tuple(params.get("betas", (0.9, 0.999))),
-                             eps=params.get("eps", 1e-8))
+                             eps=params.get("eps", 1e-8), fused=_fusable(groups))
 
 
 def _sgd(groups, params: dict) -> torch.optim.Optimizer:
     return torch.optim.SGD(groups, lr=params.get("lr", 1e-3), momentum=params.get("momentum", 0.0),
-                           nesterov=params.get("nesterov", False))
+                           nesterov=params.get("nesterov", False), foreach=True)
 
 
 # GPT-NeoX's "Adam" with weight decay is DeepSpeed's FusedAdam in AdamW mode: decoupled decay.
