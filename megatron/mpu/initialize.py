@@ -42,12 +42,8 @@ def init_distributed(backend: str, timeout_minutes: float) -> None:
             "`python deepy.py <script> <configs>` (or set RANK, LOCAL_RANK, WORLD_SIZE, "
             "MASTER_ADDR and MASTER_PORT by hand for a single process)")
     import deepspeed
-    import deepspeed.ops
 
-    # DeepSpeed's CPU shared-memory all-reduce serves only its inference_all_reduce, which this
-    # project never calls; left enabled it JIT-builds an op at first start and leaves a 69 MB
-    # /dev/shm buffer per rank behind after every run, which fills memory over many runs.
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    disable_deepspeed_shm_allreduce()
     backend = resolve_backend(backend)
     timeout = timedelta(seconds=max(1.0, timeout_minutes * 60.0))
     try:
@@ -60,6 +56,19 @@ def init_distributed(backend: str, timeout_minutes: float) -> None:
         dist.barrier()
     except Exception as err:
         raise RuntimeError(distributed_timeout_message(timeout_minutes, err)) from None
+
+
+def disable_deepspeed_shm_allreduce() -> None:
+    """Keep DeepSpeed from building and starting its CPU shared-memory all-reduce.
+
+    It serves only DeepSpeed's inference_all_reduce, which this project never calls; enabled,
+    it JIT-builds an op at first start and leaves a 69 MB /dev/shm buffer per rank behind after
+    every run, which fills memory over many runs. Call before DeepSpeed creates its backend
+    (deepspeed.init_distributed, or deepspeed.initialize on an initialised process group).
+    """
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def distributed_timeout_message(timeout_minutes: float, err: Exception) -> str:

@@ -9,6 +9,7 @@ from megatron.model.gpt import GPTModel, build_pipeline_model
 from megatron.monitoring.logger import get_logger
 from megatron.mpu.deepspeed_adapter import DeepSpeedMPU
 from megatron.mpu.groups import ProcessGroups, TensorParallel
+from megatron.mpu.initialize import disable_deepspeed_shm_allreduce
 from megatron.mpu.layers import sync_sequence_parallel_grads
 from megatron.mpu.topology import Topology
 from megatron.training.learning_rates import AnnealingLR, Schedule
@@ -59,6 +60,7 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
 
     from megatron.neox_arguments import deepspeed_config
 
+    disable_deepspeed_shm_allreduce()
     if args.derived.precision == "fp16" and not torch.cuda.is_available():
         raise ValueError("fp16 training needs a CUDA GPU: DeepSpeed's CPU accelerator has no fp16 "
                          "support. On CPU use bf16 ('bf16: {enabled: true}', fast on CPUs with "
