@@ -1,9 +1,15 @@
-"""Score a trained checkpoint on lm-eval tasks (runs on every worker). Start it through the launcher:
+"""Score a trained checkpoint on lm-eval tasks (runs on every worker); start it with the launcher:
 
-    python deepy.py eval.py configs/tiny.yml --eval_tasks lambada_openai
+    python deepy.py eval.py configs/tiny.yml eval_tasks='[lambada_openai, hellaswag]'
+    python deepy.py eval.py configs/tiny.yml eval_tasks='[path/to/my_task.yaml]' eval_limit=50
+    python deepy.py eval.py configs/tiny.yml eval_tasks='[my_task]' \
+        eval_include_path='[path/to/task_dir]' eval_results_prefix=results/tiny
 
-lm-eval benchmark runs are not available in this version yet: the script refuses with that
-message rather than doing something partial.
+Needs lm-eval (pip install -r requirements/requirements-eval.txt). Reads the checkpoint in
+`load` (latest, or `iteration`); model_parallel_size ranks cooperate on each forward, the other
+ranks are replicas that split the requests. Rank 0 writes
+{eval_results_prefix}_eval_results_<date>.json and logs the metrics to the configured trackers.
+Task names, local task files and directories: see megatron/evaluation/tasks.py.
 """
 
 import sys
@@ -16,8 +22,9 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
 
     def run() -> None:
-        worker_args(argv)
-        raise RuntimeError("eval.py: lm-eval benchmark runs are not available in this version yet")
+        from megatron.evaluation.run import run_evaluation
+
+        run_evaluation(worker_args(argv))
 
     return run_entry(run)
 

@@ -113,7 +113,6 @@ def bench_ours(args, vocab: int, warmup: int, steps: int):
     engine = build_engine(args, config, ProcessGroups.build(Topology(1, 1, 1)))
     data = batches(vocab, args.derived.train_micro_batch_size_per_gpu, args.model.seq_length)
     seconds = time_steps(lambda: train_step(engine, data), warmup, steps)
-    del engine
     return config, seconds
 
 

@@ -15,6 +15,8 @@ TINY = "configs/tiny.yml"
 
 
 def args(**overrides):
+    # a global batch that any process count divides: micro-batch 8, no accumulation
+    overrides = {"train_batch_size": "null", "gradient_accumulation_steps": 1, **overrides}
     return NeoXArgs.from_ymls([TINY], [f"{k}={v}" for k, v in overrides.items()])
 
 

@@ -43,6 +43,16 @@ class MetricsTracker:
         if wandb_cfg is not None:
             self._wandb = _open_wandb(wandb_cfg, run_config)
 
+    @classmethod
+    def from_args(cls, args, enabled: bool) -> "MetricsTracker":
+        """The trackers the run config's logging section asks for."""
+        lg = args.logging
+        wandb_cfg = None
+        if lg.use_wandb:
+            wandb_cfg = {"project": lg.wandb_project, "group": lg.wandb_group,
+                         "team": lg.wandb_team, "run_name": lg.wandb_run_name, "dir": lg.log_dir}
+        return cls(lg.log_dir, lg.tensorboard_dir, wandb_cfg, args.to_dict(), enabled=enabled)
+
     def log(self, metrics: dict, step: int, console: str | None = None) -> None:
         """Record `metrics` at iteration `step`; `console` is the human line printed with them."""
         if not self.enabled:

@@ -135,6 +135,8 @@ def coerce(value: Any, tp: Any) -> Any:
         raise TypeMismatch("str")
     origin = typing.get_origin(tp)
     if tp is list or origin is list:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            value = [value]  # one item where a list is expected: `--eval_tasks lambada_openai`
         if not isinstance(value, (list, tuple)):
             raise TypeMismatch(describe(tp))
         (item,) = typing.get_args(tp) or (Any,)

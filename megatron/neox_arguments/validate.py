@@ -289,9 +289,10 @@ def _at_least(c: Config, minimum: int, *keys: str) -> Iterator[str]:
 def _intervals(c: Config, world_size: int | None) -> Iterator[str]:
     yield from _at_least(c, 1, "lr_decay_iters", "eval_interval", "log_interval",
                          "steps_per_print", "exit_interval", "keep_last_n_checkpoints",
-                         "maximum_tokens", "num_samples", "num_gpus", "omp_num_threads")
+                         "maximum_tokens", "num_samples", "num_gpus", "omp_num_threads",
+                         "generation_batch_size", "eval_batch_size")
     yield from _at_least(c, 0, "eval_iters", "num_workers", "iteration", "top_k",
-                         "eval_num_fewshot", "temperature")
+                         "eval_num_fewshot", "temperature", "eval_bootstrap_iters")
     if not 0 <= c["seed"] < 2**32:
         yield f"seed({c['seed']}) must be in [0, 2**32)."
     if not 0 <= c["top_p"] <= 1:

@@ -84,9 +84,7 @@ def _pretrain(args) -> RunState:
                                       topology.dp, options)
     valid_iter = micro_batch_iterator(valid_ds, state.consumed_valid_samples, args, coords.data,
                                       topology.dp, options)
-    lg = args.logging
-    tracker = MetricsTracker(lg.log_dir, lg.tensorboard_dir, _wandb_config(args), args.to_dict(),
-                             enabled=rank == 0)
+    tracker = MetricsTracker.from_args(args, enabled=rank == 0)
     print_rank_0(f"training {model_config.num_layers} layers x {model_config.hidden_size} hidden, "
                  f"{sum(p.numel() for p in engine.engine.module.parameters()):,} parameters on this "
                  f"rank, tp={topology.tp} pp={topology.pp} dp={topology.dp}, from iteration "
@@ -111,14 +109,6 @@ def check_ranks_agree(state: RunState) -> None:
             f"samples): rank {dist.get_rank()} has {values.long().tolist()}, the range over ranks "
             f"is {low.long().tolist()}..{high.long().tolist()}; the checkpoint's rank files come "
             "from different saves: load an earlier checkpoint")
-
-
-def _wandb_config(args) -> dict | None:
-    lg = args.logging
-    if not lg.use_wandb:
-        return None
-    return {"project": lg.wandb_project, "group": lg.wandb_group, "team": lg.wandb_team,
-            "run_name": lg.wandb_run_name, "dir": lg.log_dir}
 
 
 def _train(args, engine, state: RunState, train_iter, valid_iter, tracker: MetricsTracker) -> None:

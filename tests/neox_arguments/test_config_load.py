@@ -136,7 +136,9 @@ def test_type_errors_name_key_value_and_expected_type(write):
     with pytest.raises(ConfigError, match=r"'no_weight_tying' in test must be bool \(true or false\), but it is 1 \(int\)"):
         NeoXArgs.from_dict({**BASE, "no_weight_tying": 1}, source="test")
     with pytest.raises(ConfigError, match="'eval_tasks' in test must be list of str or null"):
-        NeoXArgs.from_dict({**BASE, "eval_tasks": "piqa"}, source="test")
+        NeoXArgs.from_dict({**BASE, "eval_tasks": {"piqa": 1}}, source="test")
+    # one item where a list is expected is that list (`--eval_tasks piqa` on a command line)
+    assert NeoXArgs.from_dict({**BASE, "eval_tasks": "piqa"}, source="test").eval_tasks == ["piqa"]
     with pytest.raises(ConfigError, match="'zero_optimization' in test must be mapping"):
         NeoXArgs.from_dict({**BASE, "zero_optimization": 1}, source="test")
 

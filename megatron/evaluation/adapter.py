@@ -1,0 +1,144 @@
+"""`NeoXLM`: our model as an lm-evaluation-harness language model (the one adapter class).
+
+    lm = NeoXLM(inference_model, tokenizer, replicas, batch_size=8)
+    lm_eval.simple_evaluate(model=lm, tasks=["lambada_openai"], task_manager=...)
+
+Every rank runs the harness on every request (lm-eval sees one process: rank 0 of world 1);
+inside each request type the replicas split the requests (sorted by length, dealt out in turn),
+tensor-parallel ranks of a replica score the same ones together, and the results are gathered
+so every rank hands the harness the same answers. Contexts are tokenized separately from
+continuations (trailing whitespace of a context moves to its continuation); an empty context is
+replaced by EOD. Sequences longer than the model's context (max_position_embeddings) are scored
+in windows (A26, see windows.py); generate_until keeps the last max_length - max_gen_toks
+context tokens.
+"""
+
+from __future__ import annotations
+
+import json
+
+from megatron.evaluation.lm_eval_version import require_lm_eval
+
+require_lm_eval()  # A28: before anything of lm_eval's is imported
+
+from lm_eval.api.model import LM  # noqa: E402
+
+from megatron.evaluation.scoring import score_windows  # noqa: E402
+from megatron.evaluation.windows import scoring_windows  # noqa: E402
+from megatron.monitoring.logger import get_logger  # noqa: E402
+from megatron.text_generation.generation import (cut_at_stop, generate,  # noqa: E402
+                                                 stop_string_checker)
+from megatron.text_generation.runtime import Replicas  # noqa: E402
+from megatron.text_generation.sampling import SamplingParams, seeded_generators  # noqa: E402
+
+log = get_logger(__name__)
+
+_GEN_KEYS = {"until", "max_gen_toks", "max_new_tokens", "do_sample", "temperature", "top_k",
+             "top_p"}
+
+
+class NeoXLM(LM):
+    """lm-eval's LM interface over an InferenceModel on this rank."""
+
+    def __init__(self, model, tokenizer, replicas: Replicas | None = None, batch_size: int = 8,
+                 max_gen_toks: int = 256, seed: int = 1234):
+        super().__init__()
+        self.model, self.tokenizer = model, tokenizer
+        self.replicas = replicas or Replicas()
+        self.batch_size, self.max_gen_toks, self.seed = batch_size, max_gen_toks, seed
+        self.max_length = model.max_positions
+        self.eod = tokenizer.eod
+
+    # ---- request types -----------------------------------------------------------------
+
+    def loglikelihood(self, requests) -> list[tuple[float, bool]]:
+        """(log p(continuation | context), continuation is the greedy continuation)."""
+        items = []
+        for req in requests:
+            context, continuation = req.args[0], req.args[1]
+            ctx, cont = self._encode_pair(context, continuation)
+            items.append((ctx + cont, len(cont)))
+        results = self._score(items)
+        for req, value in zip(requests, results):
+            self.cache_hook.add_partial("loglikelihood", req.args, value)
+        return results
+
+    def loglikelihood_rolling(self, requests) -> list[float]:
+        """log p(text) with EOD as the first context, in windows of the model's context."""
+        texts = [self.tokenizer.tokenize(req.args[0]) for req in requests]
+        results = [logprob for logprob, _ in self._score([([self.eod] + t, len(t)) for t in texts])]
+        for req, value in zip(requests, results):
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, value)
+        return results
+
+    def generate_until(self, requests) -> list[str]:
+        """Continuations until a stop string, EOD or max_gen_toks; requests with the same
+        generation settings are batched together."""
+        groups: dict[str, list[int]] = {}
+        for i, req in enumerate(requests):
+            groups.setdefault(json.dumps(req.args[1], sort_keys=True, default=str), []).append(i)
+        out: list[str] = [""] * len(requests)
+        for indices in groups.values():
+            texts = self._generate([requests[i].args[0] for i in indices],
+                                   requests[indices[0]].args[1], indices)
+            for i, text in zip(indices, texts):
+                out[i] = text
+                self.cache_hook.add_partial("generate_until", requests[i].args, text)
+        return out
+
+    # ---- helpers -----------------------------------------------------------------------
+
+    def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        spaces = len(context) - len(context.rstrip())
+        if spaces:
+            context, continuation = context[:-spaces], context[-spaces:] + continuation
+        ctx = self.tokenizer.tokenize(context) if context else []
+        return ctx or [self.eod], self.tokenizer.tokenize(continuation)
+
+    def _score(self, items: list[tuple[list[int], int]]) -> list[tuple[float, bool]]:
+        """(sum of log-probs, all greedy) per (tokens, number of trailing tokens scored)."""
+        order = sorted(range(len(items)), key=lambda i: -len(items[i][0]))
+        mine = [order[p] for p in self.replicas.split(len(order))]
+        windows = []
+        for position, i in enumerate(mine):
+            tokens, scored = items[i]
+            windows += scoring_windows(tokens, scored, self.max_length, request=position)
+        scored_windows = score_windows(self.model, windows, self.batch_size, self.tokenizer.pad)
+        local = [[0.0, True] for _ in mine]
+        for w, (logprob, greedy) in zip(windows, scored_windows):
+            local[w.request][0] += logprob
+            local[w.request][1] = local[w.request][1] and greedy
+        gathered = self.replicas.gather([tuple(v) for v in local], len(order))
+        results: list = [None] * len(items)
+        for position, i in enumerate(order):
+            results[i] = gathered[position]
+        return results
+
+    def _generate(self, contexts: list[str], gen_kwargs: dict, indices: list[int]) -> list[str]:
+        kwargs = dict(gen_kwargs or {})
+        ignored = sorted(set(kwargs) - _GEN_KEYS)
+        if ignored:
+            log.warning("generate_until ignores generation settings %s", ", ".join(ignored))
+        until = kwargs.get("until") or []
+        until = tuple([until] if isinstance(until, str) else until)
+        max_new = int(kwargs.get("max_gen_toks", kwargs.get("max_new_tokens", self.max_gen_toks)))
+        if max_new >= self.max_length:
+            raise ValueError(f"max_gen_toks({max_new}) must be below the model's context "
+                             f"({self.max_length} tokens)")
+        temperature = float(kwargs.get("temperature", 0.0)) if kwargs.get("do_sample") else 0.0
+        params = SamplingParams(temperature, int(kwargs.get("top_k") or 0),
+                                float(kwargs.get("top_p") or 0.0))
+        keep = self.max_length - max_new
+        prompts = [(self.tokenizer.tokenize(c) or [self.eod])[-keep:] for c in contexts]
+        mine = self.replicas.split(len(prompts))
+        generators = None if params.greedy else seeded_generators(
+            self.seed, [indices[i] for i in mine], self.model.device)
+        results = generate(self.model, [prompts[i] for i in mine], max_new, params,
+                           frozenset({self.eod}), self.batch_size, generators,
+                           text_stop=stop_string_checker(until, self.tokenizer.detokenize),
+                           pad_id=self.tokenizer.pad)
+        texts = []
+        for g in results:
+            body = g.ids[:-1] if g.stop_reason == "stop_token" else g.ids
+            texts.append(cut_at_stop(self.tokenizer.detokenize(body), until))
+        return self.replicas.gather(texts, len(prompts))

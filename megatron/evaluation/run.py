@@ -1,0 +1,104 @@
+"""eval.py's work: score a checkpoint on lm-eval tasks and write the results.
+
+Every rank runs `run_evaluation(args)`; global rank 0 writes `{eval_results_prefix}_eval_results_
+<YYYY-MM-DD-HH-MM-SS>.json` (`eval_results_<date>.json` without a prefix; the prefix may hold
+directories): lm-eval's result dict ("results", "versions", "n-shot", "configs", "config", ...)
+plus "checkpoint" (directory, iteration, model_parallel_size, replicas). The metrics also go to
+the run's trackers (metrics.jsonl in log_dir, TensorBoard, wandb) as `eval/<task>/<metric>` at
+the checkpoint's iteration, and lm-eval's table is printed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from megatron.monitoring.logger import get_logger, print_rank_0
+from megatron.text_generation.runtime import inference_runtime
+
+log = get_logger(__name__)
+
+
+def results_path(prefix: str, when: float | None = None) -> Path:
+    """Where the results JSON goes for `eval_results_prefix`."""
+    stamp = time.strftime("%Y-%m-%d-%H-%M-%S", time.localtime(when))
+    name = f"eval_results_{stamp}.json"
+    return Path(f"{prefix}_{name}") if prefix else Path(name)
+
+
+def flat_metrics(results: dict) -> dict[str, float]:
+    """{'eval/<task>/<metric>[/<filter>]': value} for every numeric metric lm-eval reported."""
+    out = {}
+    for task, metrics in results.get("results", {}).items():
+        for key, value in metrics.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            metric, _, filt = key.partition(",")
+            name = metric if filt in ("", "none") else f"{metric}/{filt}"
+            out[f"eval/{task}/{name}"] = float(value)
+    return out
+
+
+def _check_settings(ev) -> None:
+    if not ev.eval_tasks:
+        raise ValueError("eval.py needs eval_tasks, e.g. eval_tasks='[lambada_openai, hellaswag]' "
+                         "or a path to a task .yaml file")
+    if ev.eval_batch_size < 1:
+        raise ValueError(f"eval_batch_size({ev.eval_batch_size}) must be at least 1")
+    if ev.eval_limit is not None and ev.eval_limit <= 0:
+        raise ValueError(f"eval_limit({ev.eval_limit}) must be positive (or null for all)")
+
+
+def run_evaluation(args) -> dict | None:
+    """Run eval_tasks on the checkpoint in `load`; returns lm-eval's results (None off rank 0)."""
+    ev = args.eval
+    _check_settings(ev)
+    from megatron.evaluation.adapter import NeoXLM  # A28: checks the lm-eval version
+    from megatron.evaluation.tasks import resolve_task_entries, task_manager_for
+
+    names, include = resolve_task_entries(ev.eval_tasks, ev.eval_include_path)
+    manager = task_manager_for(names, include)  # unknown tasks fail before the weights load
+    with inference_runtime(args) as rt:
+        rt.load_model()
+        lm = NeoXLM(rt.model, rt.tokenizer, rt.replicas, ev.eval_batch_size,
+                    seed=args.training.seed)
+        results = _evaluate(lm, names, manager, ev, args.training.seed)
+        if not rt.replicas.writer or results is None:
+            return None
+        results["checkpoint"] = {"directory": rt.checkpoint_step, "iteration": rt.iteration,
+                                 "model_parallel_size": rt.tensor_parallel.size,
+                                 "replicas": rt.replicas.count}
+        _report(args, results, rt.iteration)
+        return results
+
+
+def _evaluate(lm, names, manager, ev, seed: int) -> dict | None:
+    from lm_eval.evaluator import simple_evaluate
+
+    try:
+        return simple_evaluate(
+            model=lm, tasks=names, num_fewshot=ev.eval_num_fewshot, limit=ev.eval_limit,
+            bootstrap_iters=ev.eval_bootstrap_iters, task_manager=manager, log_samples=False,
+            random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed)
+    except ConnectionError as err:  # a registry task's dataset could not be downloaded
+        raise RuntimeError(f"lm-eval could not fetch a task's dataset ({err}); registry tasks "
+                           "download from the Hugging Face Hub on first use: check the network, "
+                           "or pre-fill the datasets cache and set HF_DATASETS_OFFLINE=1") from None
+
+
+def _report(args, results: dict, iteration: int | None) -> None:
+    from lm_eval.utils import make_table
+
+    from megatron.monitoring.trackers import MetricsTracker
+
+    path = results_path(args.eval.eval_results_prefix)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2, default=str), encoding="utf-8")
+    print_rank_0(make_table(results))
+    print_rank_0(f"wrote eval results to {path}")
+    tracker = MetricsTracker.from_args(args, enabled=True)
+    try:
+        tracker.log(flat_metrics(results), step=iteration or 0)
+    finally:
+        tracker.close()

@@ -1,0 +1,100 @@
+"""Which lm-eval tasks to run: registry names, local task YAMLs, directories of them.
+
+Each entry of `eval_tasks` is one of
+- a name from lm-eval's registry (`lambada_openai`, `hellaswag`; their datasets download from
+  the Hugging Face Hub on first use),
+- a name defined by a task YAML in one of the `eval_include_path` directories,
+- a path to a task YAML (`*.yaml`): its directory joins the include path, its `task` (or
+  `group`) name is run,
+- a path to a directory: it joins the include path and every task its YAMLs define is run.
+A local task reads local data with `dataset_path: json` and `dataset_kwargs: {data_files: ...}`
+(paths relative to the working directory). The registry is scanned (~10 s) only when some name
+is not found in the local directories; an unknown name is an error listing the nearest names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from pathlib import Path
+
+import yaml
+
+
+class _TaskYamlLoader(yaml.SafeLoader):
+    """SafeLoader that reads lm-eval's `!function module.name` tags as plain strings."""
+
+
+_TaskYamlLoader.add_multi_constructor("!", lambda loader, suffix, node: str(node.value))
+
+
+def task_name_of(path: Path) -> str | None:
+    """The task (or group) a task YAML defines, or None for a file that defines neither."""
+    try:
+        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_TaskYamlLoader)
+    except (OSError, yaml.YAMLError) as err:
+        raise ValueError(f"cannot read task file {path}: {err}") from None
+    if not isinstance(doc, dict):
+        return None
+    if isinstance(doc.get("group"), str):
+        return doc["group"]
+    return doc["task"] if isinstance(doc.get("task"), str) else None
+
+
+def resolve_task_entries(entries: list[str], include_paths: list[str] | None
+                         ) -> tuple[list[str], list[str]]:
+    """(task names to run, directories to add to lm-eval's include path)."""
+    names: list[str] = []
+    include = [str(Path(p)) for p in include_paths or ()]
+    for p in include:
+        if not Path(p).is_dir():
+            raise FileNotFoundError(f"eval_include_path entry {p} is not a directory")
+    for entry in entries:
+        path = Path(entry)
+        if entry.endswith((".yaml", ".yml")):
+            if not path.is_file():
+                raise FileNotFoundError(f"task file {entry} (in eval_tasks) does not exist")
+            if path.suffix != ".yaml":
+                raise ValueError(f"task file {entry}: lm-eval only reads task files named "
+                                 "*.yaml; rename it")
+            name = task_name_of(path)
+            if name is None:
+                raise ValueError(f"task file {entry} defines no 'task' or 'group' name")
+            names.append(name)
+            include.append(str(path.parent))
+        elif path.is_dir():
+            found = [n for f in sorted(path.glob("**/*.yaml")) if (n := task_name_of(f))]
+            if not found:
+                raise ValueError(f"directory {entry} (in eval_tasks) holds no task YAML files")
+            names += found
+            include.append(str(path))
+        else:
+            names.append(entry)
+    return list(dict.fromkeys(names)), list(dict.fromkeys(include))
+
+
+def unknown_tasks_message(unknown: list[str], known: list[str]) -> str:
+    """One line naming each unknown task with the nearest known names."""
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.7)
+        parts.append(f"'{name}'" + (f" (did you mean: {', '.join(close)}?)" if close else ""))
+    return (f"unknown lm-eval task {', '.join(parts)}; a task is a name from lm-eval's registry, "
+            "a path to a task .yaml file, a directory of them, or a name defined in "
+            "eval_include_path")
+
+
+def task_manager_for(names: list[str], include: list[str]):
+    """An lm-eval TaskManager that knows every name: local directories only when they suffice
+    (fast, offline), else together with lm-eval's registry."""
+    from lm_eval.tasks import TaskManager
+
+    if include and "include_defaults" in inspect.signature(TaskManager).parameters:
+        local = TaskManager(include_path=include, include_defaults=False)
+        if all(n in local.all_tasks for n in names):
+            return local
+    manager = TaskManager(include_path=include or None)
+    unknown = [n for n in names if n not in manager.all_tasks]
+    if unknown:
+        raise ValueError(unknown_tasks_message(unknown, manager.all_tasks))
+    return manager

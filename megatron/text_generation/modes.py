@@ -1,0 +1,184 @@
+"""generate.py's work: prompts by mode (unconditional, input-file, interactive) -> JSON lines.
+
+Every rank runs `run_generation(args)`. Replicas split the prompts (prompt i goes to replica
+i % replicas), global rank 0 gathers and writes `sample_output_file`, one JSON object per line:
+
+    {"index": 0, "context": "...", "text": "...", "prompt_token_ids": [...], "token_ids": [...],
+     "length": 12, "finished": true, "stop_reason": "stop_token", "duration_seconds": 0.41,
+     "batch_size": 8}
+
+`text` is the generated text without the stop token and cut before any stop string;
+`token_ids` are the generated ids (ending with the stop id when one ended the sample);
+`finished` is false when maximum_tokens ran out; `duration_seconds` is the wall time of the
+batch the sample was generated in. Unconditional samples start from EOD (as does an empty
+prompt). Sampling is reproducible: sample i draws from its own generator seeded from (seed, i).
+In interactive mode rank 0 reads one prompt per line from stdin until EOF, prints each sample
+and appends it to the output file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from megatron.monitoring.logger import get_logger, print_rank_0
+from megatron.text_generation.checks import (check_lengths, validate_stop_ids,
+                                             validate_stop_strings)
+from megatron.text_generation.generation import cut_at_stop, generate, stop_string_checker
+from megatron.text_generation.runtime import InferenceRuntime, inference_runtime
+from megatron.text_generation.sampling import SamplingParams, seeded_generators
+
+log = get_logger(__name__)
+
+
+def read_prompts(path: str, prompt_end: str) -> list[str]:
+    """Prompts of an input file split on prompt_end; empty ones are dropped (and counted)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"sample_input_file {path} does not exist")
+    parts = p.read_text(encoding="utf-8").split(prompt_end)
+    if parts and parts[-1] == "":  # the file ends with the separator
+        parts.pop()
+    prompts = [x for x in parts if x]
+    if len(prompts) < len(parts):
+        log.warning("%s: skipped %d empty prompt(s)", path, len(parts) - len(prompts))
+    if not prompts:
+        raise ValueError(f"sample_input_file {path} holds no prompts (separator {prompt_end!r})")
+    return prompts
+
+
+class _Sampler:
+    """Turns prompt texts into records with the run's settings on one runtime."""
+
+    def __init__(self, rt: InferenceRuntime):
+        tg, tok = rt.args.text_generation, rt.tokenizer
+        self.rt, self.tg, self.tok = rt, tg, tok
+        self.params = SamplingParams(tg.temperature, tg.top_k, tg.top_p)
+        self.stop_ids = validate_stop_ids(tg.stop_token_ids, tok.vocab_size, tok.eod)  # A13
+        self.stop_strings = validate_stop_strings(tg.stop_strings)
+        self.text_stop = stop_string_checker(self.stop_strings, tok.detokenize)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.tokenize(text) or [self.tok.eod]
+
+    def check(self, prompts: list[list[int]], first_index: int = 0) -> None:
+        check_lengths([len(p) for p in prompts], self.tg.maximum_tokens,  # A14
+                      self.rt.args.model.max_position_embeddings, first_index)
+
+    def records(self, texts: list[str], first_index: int = 0) -> list[dict]:
+        """Records for every prompt (gathered on every rank), prompt i numbered first_index + i."""
+        rt = self.rt
+        prompts = [self.encode(t) for t in texts]
+        mine = rt.replicas.split(len(prompts))
+        generators = None
+        if not self.params.greedy:
+            generators = seeded_generators(rt.args.training.seed,
+                                           [first_index + i for i in mine], rt.model.device)
+        results = generate(rt.model, [prompts[i] for i in mine], self.tg.maximum_tokens,
+                           self.params, self.stop_ids, self.tg.generation_batch_size, generators,
+                           use_cache=not self.tg.recompute, text_stop=self.text_stop,
+                           pad_id=self.tok.pad)
+        local = [self._record(first_index + i, texts[i], g) for i, g in zip(mine, results)]
+        return rt.replicas.gather(local, len(prompts))
+
+    def _record(self, index: int, context: str, g) -> dict:
+        body = g.ids[:-1] if g.stop_reason == "stop_token" else g.ids
+        text = cut_at_stop(self.tok.detokenize(body), self.stop_strings)
+        return {"index": index, "context": context, "text": text,
+                "prompt_token_ids": g.prompt_ids, "token_ids": g.ids, "length": len(g.ids),
+                "finished": g.stop_reason != "length", "stop_reason": g.stop_reason,
+                "duration_seconds": round(g.seconds, 6), "batch_size": g.batch_size}
+
+
+def _broadcast(value):
+    """Rank 0's value on every rank."""
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _from_rank_0(writer: bool, read):
+    """read() on rank 0 only; its value, or the user error it raised, on every rank."""
+    outcome = None
+    if writer:
+        try:
+            outcome = ("value", read())
+        except (ValueError, FileNotFoundError) as err:
+            outcome = ("error", err)
+    kind, value = _broadcast(outcome)
+    if kind == "error":
+        raise value
+    return value
+
+
+def run_generation(args, stdin: TextIO | None = None, stdout: TextIO | None = None) -> list[dict]:
+    """Generate per `args.derived.text_gen_type`; returns the records (complete on rank 0)."""
+    with inference_runtime(args) as rt:
+        sampler = _Sampler(rt)
+        mode = args.derived.text_gen_type
+        if mode == "interactive":
+            rt.load_model()
+            return _interactive(sampler, stdin or sys.stdin, stdout or sys.stdout)
+        if mode == "unconditional":
+            texts = [""] * args.text_generation.num_samples
+        else:
+            tg = args.text_generation
+            texts = _from_rank_0(rt.replicas.writer,
+                                 lambda: read_prompts(tg.sample_input_file, tg.prompt_end))
+        sampler.check([sampler.encode(t) for t in texts])  # before the weights load
+        rt.load_model()
+        began = time.perf_counter()
+        records = sampler.records(texts)
+        if rt.replicas.writer:
+            _write(records, args.text_generation.sample_output_file, "w")
+            tokens = sum(r["length"] for r in records)
+            seconds = time.perf_counter() - began
+            print_rank_0(f"generated {len(records)} sample(s), {tokens} tokens in {seconds:.2f} s "
+                         f"({tokens / max(seconds, 1e-9):.1f} tokens/s); wrote "
+                         f"{args.text_generation.sample_output_file}")
+        return records
+
+
+def _interactive(sampler: _Sampler, stdin: TextIO, stdout: TextIO) -> list[dict]:
+    """One prompt per stdin line (read on rank 0) until EOF; each sample printed and appended."""
+    rt = sampler.rt
+    out_file = rt.args.text_generation.sample_output_file
+    records, index = [], 0
+    if rt.replicas.writer:
+        Path(out_file).parent.mkdir(parents=True, exist_ok=True)
+        Path(out_file).write_text("", encoding="utf-8")
+    while True:
+        line = None
+        if rt.replicas.writer:
+            stdout.write("prompt> ")
+            stdout.flush()
+            line = stdin.readline()
+            line = line.rstrip("\n") if line else None
+        line = _broadcast(line)
+        if line is None:
+            return records
+        try:
+            sampler.check([sampler.encode(line)], index)
+        except ValueError as err:  # a too-long prompt ends that prompt, not the session
+            if rt.replicas.writer:
+                stdout.write(f"error: {err}\n")
+            continue
+        record = sampler.records([line], index)[0]
+        index += 1
+        records.append(record)
+        if rt.replicas.writer:
+            stdout.write(record["text"] + "\n")
+            stdout.flush()
+            _write([record], out_file, "a")
+
+
+def _write(records: list[dict], path: str, mode: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, mode, encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")

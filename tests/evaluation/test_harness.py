@@ -1,0 +1,142 @@
+"""lm-eval through our adapter on a trained checkpoint: the harness's numbers equal what the
+model's log-likelihoods give directly (multiple choice, rolling perplexity, generation), and a
+real launch with two replicas writes the same results."""
+
+import json
+import math
+
+import pytest
+import torch
+from lm_eval.api.instance import Instance
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+from megatron.evaluation.adapter import NeoXLM
+from megatron.evaluation.tasks import task_manager_for
+from megatron.mpu.groups import NO_TP
+from megatron.neox_arguments import NeoXArgs
+from megatron.text_generation.runtime import load_inference_model
+from megatron.tokenizer import build_tokenizer
+from tests.runs import ROOT, deepy, explain, free_port
+
+TASKS = ROOT / "tests/evaluation/tasks"
+ATOL = 1e-4  # fp32 log-likelihood sums of < 200 tokens, batched vs one at a time
+
+
+@pytest.fixture(scope="module")
+def lm(trained):
+    args = NeoXArgs.from_ymls([ROOT / "configs/tiny.yml"], trained["overrides"] + ["num_gpus=1"])
+    tokenizer = build_tokenizer("HFTokenizer", trained["tokenizer"])
+    model, _, _ = load_inference_model(args, tokenizer, NO_TP, torch.device("cpu"))
+    return NeoXLM(model, tokenizer, batch_size=3)
+
+
+@pytest.fixture(scope="module")
+def harness(lm, trained):
+    from lm_eval.evaluator import simple_evaluate
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)  # the task files name their data relative to the repository root
+        return simple_evaluate(
+            model=lm, tasks=["tiny_mc", "tiny_rolling"], num_fewshot=0, bootstrap_iters=0,
+            task_manager=task_manager_for(["tiny_mc", "tiny_rolling"], [str(TASKS)]),
+            log_samples=False)["results"]
+
+
+def direct_loglikelihood(lm, context: list[int], continuation: list[int]) -> tuple[float, bool]:
+    """One forward pass over context + continuation, log_softmax over the full vocabulary."""
+    tokens = torch.tensor([context + continuation])
+    with torch.inference_mode():
+        logits = lm.model.forward(tokens[:, :-1], torch.arange(tokens.shape[1] - 1)[None])
+    logp = torch.log_softmax(logits.float(), dim=-1)[0, -len(continuation):]
+    targets = tokens[0, -len(continuation):]
+    picked = logp.gather(-1, targets[:, None]).squeeze(-1)
+    return float(picked.sum()), bool((logp.argmax(-1) == targets).all())
+
+
+def docs(name):
+    return [json.loads(line) for line in open(TASKS / f"{name}.jsonl")]
+
+
+def test_multiple_choice_accuracy_equals_the_direct_computation(lm, harness):
+    tok = lm.tokenizer
+    acc, acc_norm = [], []
+    for doc in docs("tiny_mc"):
+        lls = [direct_loglikelihood(lm, tok.tokenize(doc["question"]),
+                                    tok.tokenize(" " + choice))[0] for choice in doc["choices"]]
+        ours = lm.loglikelihood([Instance("loglikelihood", doc, (doc["question"], " " + c), i)
+                                 for i, c in enumerate(doc["choices"])])
+        assert [o[0] for o in ours] == pytest.approx(lls, abs=ATOL)
+        acc.append(int(max(range(4), key=lambda i: lls[i]) == doc["answer"]))
+        norm = [ll / len(c) for ll, c in zip(lls, doc["choices"])]
+        acc_norm.append(int(max(range(4), key=lambda i: norm[i]) == doc["answer"]))
+    assert harness["tiny_mc"]["acc,none"] == pytest.approx(sum(acc) / len(acc))
+    assert harness["tiny_mc"]["acc_norm,none"] == pytest.approx(sum(acc_norm) / len(acc_norm))
+
+
+def test_rolling_loglikelihood_of_a_long_text_equals_the_sum_over_windows(lm, harness):
+    tok = lm.tokenizer
+    texts = [d["text"] for d in docs("tiny_rolling")]
+    tokens = tok.tokenize(texts[0])
+    assert len(tokens) > 2 * lm.max_length  # several windows
+    direct = []
+    for text in texts:
+        total = 0.0
+        for window in get_rolling_token_windows(tok.tokenize(text), tok.eod, lm.max_length, 1):
+            ctx, cont = make_disjoint_window(window)
+            total += direct_loglikelihood(lm, ctx, cont)[0]
+        direct.append(total)
+    ours = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (t,), i)
+                                     for i, t in enumerate(texts)])
+    assert ours == pytest.approx(direct, abs=ATOL)
+    bits = -sum(direct) / sum(len(t.encode()) for t in texts) / math.log(2)
+    assert harness["tiny_rolling"]["bits_per_byte,none"] == pytest.approx(bits, rel=1e-5)
+
+
+def test_generate_until_equals_a_plain_greedy_loop_cut_at_the_stop_string(lm):
+    tok = lm.tokenizer
+    context = "The history of the"
+    tokens = tok.tokenize(context)
+    with torch.inference_mode():
+        for _ in range(24):
+            logits = lm.model.forward(torch.tensor([tokens]), torch.arange(len(tokens))[None])
+            tokens.append(int(logits[0, -1, :tok.vocab_size].argmax()))
+            if tokens[-1] == tok.eod:
+                break
+    generated = tokens[len(tok.tokenize(context)):]
+    text = tok.detokenize(generated[:-1] if generated[-1] == tok.eod else generated)
+    stop = text.strip()[-2:] if len(text.strip()) > 4 else "\n"
+    (out,) = lm.generate_until([Instance("generate_until", {},
+                                         (context, {"until": [stop], "max_gen_toks": 24}), 0)])
+    expected = text[:text.index(stop)] if stop in text else text
+    assert out == expected
+
+
+def test_a_launch_with_two_replicas_writes_the_harness_results(trained, harness, tmp_path):
+    prefix = tmp_path / "results" / "tiny"
+    proc = deepy("eval.py", str(ROOT / "configs/tiny.yml"), *trained["overrides"], "num_gpus=2",
+                 f"eval_tasks=[{TASKS / 'tiny_mc.yaml'}, {TASKS}]", "eval_bootstrap_iters=0",
+                 f"eval_results_prefix={prefix}", f"log_dir={tmp_path / 'logs'}",
+                 f"master_port={free_port()}", "distributed_timeout_minutes=1", "eval_batch_size=2")
+    assert proc.returncode == 0, explain(proc)
+    (path,) = (tmp_path / "results").glob("tiny_eval_results_*.json")
+    written = json.loads(path.read_text())
+    assert written["checkpoint"]["replicas"] == 2 and written["checkpoint"]["iteration"] == 30
+    for task in ("tiny_mc", "tiny_rolling"):
+        for key, value in harness[task].items():
+            if isinstance(value, float):
+                assert written["results"][task][key] == pytest.approx(value, rel=1e-5), key
+    logged = [json.loads(line) for line in open(tmp_path / "logs" / "metrics.jsonl")]
+    assert logged[-1]["iteration"] == 30
+    assert logged[-1]["eval/tiny_mc/acc"] == pytest.approx(harness["tiny_mc"]["acc,none"])
+
+
+def test_a_bf16_config_runs_the_model_in_bf16_and_scores_in_fp32(trained, lm):
+    args = NeoXArgs.from_ymls([ROOT / "configs/tiny.yml"],
+                              trained["overrides"] + ["num_gpus=1", "precision=bf16"])
+    model, _, _ = load_inference_model(args, lm.tokenizer, NO_TP, torch.device("cpu"))
+    assert model.dtype == torch.bfloat16
+    requests = [Instance("loglikelihood", {}, ("The history of the", " river"), 0),
+                Instance("loglikelihood", {}, ("In the year", " 1900, the town grew"), 1)]
+    half = NeoXLM(model, lm.tokenizer).loglikelihood(requests)
+    full = lm.loglikelihood(requests)
+    assert [h[0] for h in half] == pytest.approx([f[0] for f in full], rel=0.05, abs=0.1)

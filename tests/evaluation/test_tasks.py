@@ -1,0 +1,72 @@
+"""Task names, local task files and directories; unknown tasks; the lm-eval version (A28)."""
+
+import pytest
+
+from megatron.evaluation.lm_eval_version import check_lm_eval_version, require_lm_eval
+from megatron.evaluation.tasks import (resolve_task_entries, task_manager_for,
+                                       unknown_tasks_message)
+from tests.runs import ROOT
+
+TASKS = ROOT / "tests/evaluation/tasks"
+
+
+def test_task_entries_may_be_names_yaml_files_or_directories(tmp_path):
+    names, include = resolve_task_entries(
+        ["lambada_openai", str(TASKS / "tiny_mc.yaml")], None)
+    assert names == ["lambada_openai", "tiny_mc"] and include == [str(TASKS)]
+    names, include = resolve_task_entries([str(TASKS)], [str(tmp_path)])
+    assert names == ["tiny_mc", "tiny_rolling"] and include == [str(tmp_path), str(TASKS)]
+    with pytest.raises(FileNotFoundError, match=r"task file .*missing.yaml \(in eval_tasks\) "
+                       "does not exist"):
+        resolve_task_entries([str(tmp_path / "missing.yaml")], None)
+    (tmp_path / "t.yml").write_text("task: x\n")
+    with pytest.raises(ValueError, match=r"lm-eval only reads task files named \*.yaml"):
+        resolve_task_entries([str(tmp_path / "t.yml")], None)
+    with pytest.raises(FileNotFoundError, match="eval_include_path entry .*nope is not a dir"):
+        resolve_task_entries(["x"], [str(tmp_path / "nope")])
+
+
+def test_local_tasks_load_without_scanning_the_registry():
+    manager = task_manager_for(["tiny_mc", "tiny_rolling"], [str(TASKS)])
+    assert set(manager.all_tasks) == {"tiny_mc", "tiny_rolling"}
+
+
+def test_an_unknown_task_is_named_with_the_nearest_known_names():
+    message = unknown_tasks_message(["hellaswg", "zzz"], ["hellaswag", "lambada_openai"])
+    assert message.startswith("unknown lm-eval task 'hellaswg' (did you mean: hellaswag?), "
+                              "'zzz'; a task is a name from lm-eval's registry, a path to a "
+                              "task .yaml file")
+
+
+def test_lm_eval_outside_the_supported_range_is_refused_with_the_install_command():
+    assert require_lm_eval().startswith("0.4.")
+    check_lm_eval_version("0.4.2")
+    check_lm_eval_version("0.4.13.dev0")
+    for bad in ("0.3.0", "0.4.1", "0.5.0", "1.0"):
+        with pytest.raises(RuntimeError, match=rf"lm-eval {bad} is installed, but the eval adapter "
+                           r"is written for lm-eval>=0.4.2,<0.5 .* run: pip install -r "
+                           r"requirements/requirements-eval.txt"):
+            check_lm_eval_version(bad)
+
+
+def test_eval_py_names_an_unknown_task_in_one_line(monkeypatch, capsys):
+    """The registry is replaced by a small fake so that the test needs no 10 s scan."""
+    import logging
+
+    import lm_eval.tasks
+
+    import eval as eval_script
+    from megatron.neox_arguments import NeoXArgs
+
+    class Registry:
+        def __init__(self, include_path=None, include_defaults=True):
+            self.all_tasks = ["hellaswag", "lambada_openai"] if include_defaults else []
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", Registry)
+    monkeypatch.setattr(logging.getLogger("megatron"), "handlers", [])
+    args = NeoXArgs.from_ymls([ROOT / "configs/tiny.yml"], ["eval_tasks=[hellaswg]"])
+    assert eval_script.main(["--neox_args", args.encode()]) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert errors == ["error: unknown lm-eval task 'hellaswg' (did you mean: hellaswag?); a task "
+                      "is a name from lm-eval's registry, a path to a task .yaml file, a "
+                      "directory of them, or a name defined in eval_include_path"]

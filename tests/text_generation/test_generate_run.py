@@ -1,0 +1,124 @@
+"""generate.py on a trained checkpoint: the three modes in process (one rank), the errors a user
+sees, and real launches with model_parallel_size 1 and 2 that must give the same samples."""
+
+import io
+import json
+import logging
+import re
+
+import pytest
+
+from megatron.neox_arguments import NeoXArgs
+from megatron.text_generation.modes import run_generation
+from tests.runs import ROOT, deepy, explain, free_port
+
+CONFIGS = [str(ROOT / "configs/tiny.yml"), str(ROOT / "configs/text_generation.yml")]
+
+
+@pytest.fixture
+def one_rank(monkeypatch):
+    """The environment the launcher gives a single worker."""
+    for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(free_port())).items():
+        monkeypatch.setenv(key, value)
+
+
+def make_args(trained, tmp_path, **overrides):
+    values = {"num_gpus": 1, "distributed_timeout_minutes": 1,
+              "sample_output_file": str(tmp_path / "out.jsonl"), "maximum_tokens": 12,
+              "temperature": 0.0, **overrides}
+    overrides = trained["overrides"] + [f"{k}={v}" for k, v in values.items()]
+    return NeoXArgs.from_ymls(CONFIGS, overrides)
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in open(path, encoding="utf-8")]
+
+
+def test_input_file_mode_writes_one_record_per_prompt(trained, tmp_path, one_rank):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The history of\n\nIn the year\nA\n")  # the blank prompt is skipped
+    args = make_args(trained, tmp_path, text_gen_type="input-file",
+                     sample_input_file=str(prompts), generation_batch_size=2)
+    records = run_generation(args)
+    assert read_jsonl(tmp_path / "out.jsonl") == records
+    assert [r["context"] for r in records] == ["The history of", "In the year", "A"]
+    from megatron.tokenizer import build_tokenizer
+
+    tok = build_tokenizer("HFTokenizer", trained["tokenizer"])
+    for r in records:
+        assert r["prompt_token_ids"] == tok.tokenize(r["context"])
+        body = r["token_ids"][:-1] if r["stop_reason"] == "stop_token" else r["token_ids"]
+        assert r["text"] == tok.detokenize(body) and r["length"] == len(r["token_ids"]) <= 12
+        assert r["finished"] == (r["stop_reason"] != "length") and r["duration_seconds"] > 0
+    recomputed = run_generation(args.replace(recompute=True, generation_batch_size=3))
+    assert [r["token_ids"] for r in recomputed] == [r["token_ids"] for r in records]
+
+
+def test_unconditional_samples_are_reproducible_from_the_seed(trained, tmp_path, one_rank):
+    args = make_args(trained, tmp_path, text_gen_type="unconditional", num_samples=3,
+                     temperature=1.0, top_p=0.9)
+    first = [r["token_ids"] for r in run_generation(args)]
+    assert [r["token_ids"] for r in run_generation(args)] == first
+    assert [r["token_ids"] for r in run_generation(args.replace(seed=99))] != first
+    assert all(r["context"] == "" and r["prompt_token_ids"] == [0]
+               for r in read_jsonl(tmp_path / "out.jsonl"))
+
+
+def test_interactive_mode_reads_prompts_until_eof_and_survives_a_too_long_one(
+        trained, tmp_path, one_rank):
+    args = make_args(trained, tmp_path, text_gen_type="interactive")
+    stdin = io.StringIO("The history of\n" + "word " * 200 + "\nA\n")  # >= 200 tokens
+    stdout = io.StringIO()
+    records = run_generation(args, stdin=stdin, stdout=stdout)
+    assert [r["context"] for r in records] == ["The history of", "A"]
+    shown = stdout.getvalue()
+    assert "must not exceed max_position_embeddings(128)" in shown
+    assert records[0]["text"] in shown and read_jsonl(tmp_path / "out.jsonl") == records
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"load": "{tmp}/no_checkpoints"}, r"checkpoint directory .*no_checkpoints \(config key "
+                                       r"'load'\) does not exist"),
+    ({"stop_token_ids": "[5000]"}, r"stop_token_ids entry 5000 is not a token id of the "
+                                   r"tokenizer \(ids are 0..2047\)"),
+    ({"text_gen_type": "input-file", "sample_input_file": "{tmp}/absent.txt"},
+     r"sample_input_file .*absent.txt does not exist"),
+    ({"text_gen_type": "input-file", "sample_input_file": "{tmp}/long.txt",
+      "maximum_tokens": "100"}, r"prompt 0 has \d+ tokens: prompt tokens \+ maximum_tokens\(100\) "
+                              r"must not exceed max_position_embeddings\(128\)"),
+])
+def test_bad_input_ends_generate_py_with_one_line(trained, tmp_path, one_rank, capsys,
+                                                  monkeypatch, override, message):
+    import generate
+
+    # entry scripts install a log handler on the stderr of their time: give this call its own
+    monkeypatch.setattr(logging.getLogger("megatron"), "handlers", [])
+
+    (tmp_path / "long.txt").write_text("the history of the river " * 10 + "\n")  # >= 50 tokens
+    values = {k: v.replace("{tmp}", str(tmp_path)) for k, v in override.items()}
+    args = make_args(trained, tmp_path, **values)
+    assert generate.main(["--neox_args", args.encode()]) == 1
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and errors[0].startswith("error (rank 0): ") and "Traceback" not in err
+    assert re.search(message, errors[0]), errors[0]
+
+
+def test_tensor_parallel_launch_gives_the_samples_of_one_process(trained, tmp_path, one_rank):
+    """The checkpoint (saved with model_parallel_size 1) resharded for 2 tensor-parallel ranks
+    started by the launcher; sampled with temperature, so every logit matters."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The history of\nIn the year\nA\nShe said\n")
+    settings = dict(text_gen_type="input-file", sample_input_file=str(prompts),
+                    maximum_tokens=16, temperature=0.8, top_k=40, generation_batch_size=3)
+    one = run_generation(make_args(trained, tmp_path, **settings))
+    out = tmp_path / "tp2.jsonl"
+    proc = deepy("generate.py", *CONFIGS, *trained["overrides"], "num_gpus=2",
+                 "model_parallel_size=2", f"sample_output_file={out}",
+                 *[f"{k}={v}" for k, v in settings.items()], f"master_port={free_port()}",
+                 "distributed_timeout_minutes=1")
+    assert proc.returncode == 0, explain(proc)
+    assert "for model_parallel_size 2" in proc.stderr
+    assert [r["token_ids"] for r in read_jsonl(out)] == [r["token_ids"] for r in one]
+    assert len(one) == 4 and any(r["length"] > 1 for r in one)

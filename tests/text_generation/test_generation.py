@@ -1,0 +1,143 @@
+"""Batched generation: KV cache equals recompute, padding is invisible, stops, and the checks
+made before generating (A13 stop ids, A14 lengths, A25 inference mode, A29 cache memory)."""
+
+import pytest
+import torch
+
+from megatron.text_generation import checks
+from megatron.text_generation.checks import check_kv_cache_fits, validate_stop_ids
+from megatron.text_generation.generation import (cut_at_stop, generate, generate_batch,
+                                                 stop_string_checker)
+from megatron.text_generation.sampling import SamplingParams, seeded_generators
+from tests.text_generation.models import VARIANTS, small_model
+
+GREEDY = SamplingParams()
+NO_STOP = frozenset()
+
+
+def prompts_of(lengths, seed=0, vocab=128):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_greedy_with_kv_cache_equals_recompute_token_for_token(variant):
+    model, _ = small_model(variant)
+    prompts = prompts_of([3, 9, 1, 6])  # different lengths: left padding in one batch
+    cached = generate(model, prompts, 20, GREEDY, NO_STOP, batch_size=4, use_cache=True)
+    recomputed = generate(model, prompts, 20, GREEDY, NO_STOP, batch_size=4, use_cache=False)
+    assert [g.ids for g in cached] == [g.ids for g in recomputed]
+    assert all(len(g.ids) == 20 and g.stop_reason == "length" for g in cached)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_a_prompt_gives_the_same_tokens_alone_or_left_padded_in_a_batch(use_cache):
+    model, _ = small_model("llama_gqa")
+    prompts = prompts_of([2, 11, 5])
+    batched = generate(model, prompts, 12, GREEDY, NO_STOP, batch_size=3, use_cache=use_cache)
+    alone = [generate(model, [p], 12, GREEDY, NO_STOP, use_cache=use_cache)[0] for p in prompts]
+    assert [g.ids for g in batched] == [g.ids for g in alone]
+    assert [g.prompt_ids for g in batched] == prompts
+
+
+def test_seeded_sampling_is_reproducible_and_independent_of_batching():
+    model, _ = small_model()
+    prompts = prompts_of([4, 7, 2, 5])
+    params = SamplingParams(temperature=1.0, top_k=20)
+
+    def run(seed, batch):
+        return [g.ids for g in generate(model, prompts, 10, params, NO_STOP, batch_size=batch,
+                                        generators=seeded_generators(seed, range(len(prompts))))]
+
+    assert run(5, 4) == run(5, 4) == run(5, 1)
+    assert run(5, 4) != run(6, 4)
+
+
+def test_a_stop_id_ends_only_its_row_and_stop_strings_cut_the_text():
+    model, _ = small_model()
+    prompts = prompts_of([3, 6])
+    free = generate(model, prompts, 10, GREEDY, NO_STOP, batch_size=2)
+    stop = free[0].ids[4]  # the 5th token row 0 generates
+    stopped = generate(model, prompts, 10, GREEDY, frozenset({stop}), batch_size=2)
+    first = free[0].ids.index(stop)
+    assert stopped[0].ids == free[0].ids[:first + 1] and stopped[0].stop_reason == "stop_token"
+    if stop not in free[1].ids:
+        assert stopped[1].ids == free[1].ids and stopped[1].stop_reason == "length"
+
+    def text(ids):
+        return "".join(f"<{i}>" for i in ids)
+
+    target = f"<{free[1].ids[3]}>"
+    at = free[1].ids.index(free[1].ids[3])
+    by_text = generate(model, prompts[1:], 10, GREEDY, NO_STOP,
+                       text_stop=stop_string_checker((target,), text))[0]
+    assert by_text.stop_reason == "stop_string" and by_text.ids == free[1].ids[:at + 1]
+    assert cut_at_stop(text(by_text.ids), (target,)) == text(free[1].ids[:at])
+
+
+def test_prompt_plus_maximum_tokens_beyond_the_context_is_refused_with_the_numbers():
+    model, _ = small_model()  # max_position_embeddings 48
+    with pytest.raises(ValueError, match=r"prompt 1 has 40 tokens: prompt tokens \+ "
+                       r"maximum_tokens\(10\) must not exceed max_position_embeddings\(48\); "
+                       r"shorten the prompt to at most 38 tokens or lower maximum_tokens"):
+        generate(model, prompts_of([5, 40]), 10, GREEDY, NO_STOP)
+    assert len(generate(model, prompts_of([38]), 10, GREEDY, NO_STOP)[0].ids) == 10  # fits
+
+
+def test_bad_stop_token_ids_are_refused_against_the_tokenizer():
+    assert validate_stop_ids([5], vocab_size=50, eod=0) == frozenset({0, 5})
+    with pytest.raises(ValueError, match=r"stop_token_ids entry 50 is not a token id of the "
+                       r"tokenizer \(ids are 0..49\)"):
+        validate_stop_ids([50], vocab_size=50, eod=0)
+    with pytest.raises(ValueError, match="stop_token_ids entry -1"):
+        validate_stop_ids([-1], vocab_size=50, eod=0)
+
+
+def test_kv_cache_larger_than_available_memory_is_refused_with_the_figure(monkeypatch):
+    need = check_kv_cache_fits(2, 4, 48, 4, 16, torch.float32, torch.device("cpu"),
+                               available=(10 * 2**20, "test"))
+    assert need == 2 * 2 * 4 * 48 * 4 * 16 * 4
+    with pytest.raises(RuntimeError, match=r"the KV cache needs 16.00 GiB \(32 layers x batch 64 x "
+                       r"2048 positions x 8 KV heads x head_dim 128 x keys and values in "
+                       r"torch.float16\) but only 1.00 GiB is available \(test\)"):
+        check_kv_cache_fits(32, 64, 2048, 8, 128, torch.float16, torch.device("cpu"),
+                            available=(2**30, "test"))
+    model, _ = small_model()
+    monkeypatch.setattr(checks, "available_memory", lambda device: (1000, "patched"))
+    with pytest.raises(RuntimeError, match=r"KV cache needs .* only 0.00 GiB is available "
+                       r"\(patched\); lower generation_batch_size"):
+        generate(model, prompts_of([4]), 4, GREEDY, NO_STOP)
+    # recompute needs no cache
+    assert len(generate(model, prompts_of([4]), 4, GREEDY, NO_STOP, use_cache=False)[0].ids) == 4
+
+
+def test_the_model_refuses_to_run_outside_eval_and_inference_mode():
+    model, _ = small_model()
+    tokens = torch.tensor([[3, 4, 5]])
+    positions = torch.arange(3).unsqueeze(0)
+    with pytest.raises(RuntimeError, match=r"must run under torch.inference_mode\(\) \(A25\)"):
+        model.forward(tokens, positions)
+    model.model.train()
+    with pytest.raises(RuntimeError, match=r"training mode .* need model.eval\(\) \(A25\)"):
+        generate_batch(model, [[3, 4, 5]], 2, GREEDY, NO_STOP)
+    model.model.eval()
+    assert len(generate_batch(model, [[3, 4, 5]], 2, GREEDY, NO_STOP)[0].ids) == 2
+
+
+def test_padded_vocabulary_rows_are_never_sampled_nor_counted():
+    model, weights = small_model(vocab=128)
+    # this run pads the 128-row checkpoint to 130 rows (think: a tp that does not divide it)
+    from megatron.text_generation.inference_model import InferenceModel
+    from megatron.text_generation.loading import resize_vocab
+    import dataclasses
+
+    config = dataclasses.replace(model.config, padded_vocab_size=130)
+    wide = InferenceModel.from_canonical(config, resize_vocab(weights, config.num_layers, 130),
+                                         token_limit=100, trained_vocab=128)
+    with torch.inference_mode():
+        logits = wide.forward(torch.tensor([[3, 4, 5]]), torch.arange(3).unsqueeze(0))
+        narrow = model.forward(torch.tensor([[3, 4, 5]]), torch.arange(3).unsqueeze(0))
+    assert torch.isinf(logits[..., 128:]).all() and torch.equal(logits[..., :128], narrow)
+    hot = generate(wide, prompts_of([3] * 8), 8, SamplingParams(50.0), NO_STOP,
+                   generators=seeded_generators(0, range(8)))
+    assert max(max(g.ids) for g in hot) < 100
