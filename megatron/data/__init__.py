@@ -9,6 +9,7 @@ Modules (import the one you need; importing this package loads nothing else):
 - `splits`: train/valid/test split strings and document-count weights.
 - `samplers`: `PretrainingSampler`, the resumable data-parallel batch sampler.
 - `loaders`: `build_train_valid_test_datasets` and `build_data_loader`.
+- `fingerprints`: which token files datasets read; comparing them across a resume (A16, A17).
 - `masks`: loss mask, position ids and document attention masks for a batch.
 - `preprocess`, `builtin_corpus`, `prepare`: turning text into token files.
 """

@@ -136,6 +136,10 @@ class BlendableDataset(torch.utils.data.Dataset):
                                name, count, len(self.datasets[i]))
                 self.dataset_sample_index[self.dataset_index == i] %= len(self.datasets[i])
 
+    def indexed_datasets(self) -> list:
+        """The token files the blended datasets read (for fingerprints, A17)."""
+        return [ix for d in self.datasets for ix in d.indexed_datasets()]
+
     def __len__(self) -> int:
         return self.size
 

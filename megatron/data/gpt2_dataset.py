@@ -157,6 +157,10 @@ class GPT2Dataset(torch.utils.data.Dataset):
         self._log_epochs(sample_index.num_epochs(per_epoch, self.seq_length, self.num_samples))
 
     # -- access ----------------------------------------------------------------------------------
+    def indexed_datasets(self) -> list[MMapIndexedDataset]:
+        """The token file this dataset reads (for fingerprints, A17)."""
+        return [self.indexed_dataset]
+
     def __len__(self) -> int:
         if self.shuffle_idx is None:
             raise RuntimeError(f"dataset {self.name!r} was created with build_index_mappings="

@@ -17,7 +17,10 @@ from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 import numpy as np
 import torch
 
+from megatron.data import sample_index
 from megatron.data.blendable_dataset import BlendableDataset, normalize_weights
+from megatron.data.fingerprints import (check_datasets_unchanged,  # noqa: F401 (re-exported)
+                                        compare_fingerprints, dataset_fingerprints)
 from megatron.data.gpt2_dataset import GPT2Dataset
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.data.samplers import PretrainingSampler
@@ -50,17 +53,23 @@ def build_train_valid_test_datasets(
     split: str = "969, 30, 1", seq_length: int, seed: int,
     train_valid_test_num_samples: Sequence[int], cache_dir: str | None = None,
     skip_warmup: bool = True, vocab_size: int | None = None, group: Any = None,
+    global_batch_size: int | None = None,
 ) -> tuple[Any, Any, Any]:
     """(train, valid, test) datasets; None for a split asked for 0 samples or given no data.
 
-    With `vocab_size`, every token file is checked to hold only ids below it (A12). Under
-    torch.distributed every rank of `group` (default: all ranks) must call this: rank 0 of the
-    group builds the index caches while the others wait (see `GPT2Dataset`).
+    With `vocab_size`, every token file is checked to hold only ids below it (A12). With
+    `global_batch_size`, a split asked for samples whose data gives fewer samples than one global
+    batch is an error (A9). Under torch.distributed every rank of `group` (default: all ranks)
+    must call this: rank 0 of the group builds the index caches while the others wait (see
+    `GPT2Dataset`). `dataset_fingerprints(*result)` identifies every token file read (A17).
     """
     num_samples = [int(n) for n in train_valid_test_num_samples]
     if len(num_samples) != 3 or any(n < 0 for n in num_samples):
         raise ValueError(f"train_valid_test_num_samples must be three counts >= 0, got "
                          f"{list(train_valid_test_num_samples)}")
+    if global_batch_size is not None and (int(global_batch_size) != global_batch_size
+                                          or global_batch_size < 1):
+        raise ValueError(f"global_batch_size must be an integer >= 1, got {global_batch_size}")
     opened: dict[str, MMapIndexedDataset] = {}
 
     def open_prefix(prefix: str) -> MMapIndexedDataset:
@@ -76,7 +85,8 @@ def build_train_valid_test_datasets(
         split, weight_by_num_documents, open_prefix)
     common = dict(seq_length=seq_length, seed=seed, cache_dir=cache_dir, group=group,
                   weight_by_num_documents=weight_by_num_documents,
-                  alpha=weighted_sampler_alpha, open_prefix=open_prefix)
+                  alpha=weighted_sampler_alpha, open_prefix=open_prefix,
+                  global_batch_size=None if global_batch_size is None else int(global_batch_size))
     result = []
     for name, n, (parts, weights) in zip(SPLIT_NAMES, num_samples, per_split):
         if n == 0 or not parts:
@@ -87,6 +97,33 @@ def build_train_valid_test_datasets(
             continue
         result.append(_build_split(name, parts, weights, n, **common))
     return tuple(result)
+
+
+def _check_split_size(name: str, parts: Sequence[_Part], open_prefix, seq_length: int,
+                      num_samples: int, global_batch_size: int | None) -> None:
+    """Log the epochs `num_samples` need; refuse a split whose documents give fewer samples per
+    epoch than one global batch (A9), since repeating it would put a sample twice in a batch.
+
+    Each part is its own token stream, so the split's samples per epoch are the sum of its
+    parts'.
+    """
+    tokens = samples = 0
+    for part in parts:
+        part_tokens = sample_index.tokens_per_epoch(open_prefix(part.prefix).sizes,
+                                                    part.documents)
+        tokens += part_tokens
+        samples += sample_index.samples_per_epoch(part_tokens, seq_length)
+    if global_batch_size is not None and samples < global_batch_size:
+        raise ValueError(
+            f"the {name} split holds {tokens} tokens ({samples} sample{'s' * (samples != 1)} of "
+            f"seq_length + 1 = {seq_length + 1} tokens), fewer than one global batch of "
+            f"{global_batch_size} samples; give the {name} split more data (data paths or split) "
+            "or lower the global batch (train_micro_batch_size_per_gpu x "
+            "gradient_accumulation_steps x data-parallel size) or seq_length"
+        )
+    logger.info("%s split: %d tokens = %d samples per epoch; %d samples requested -> %.2f "
+                "epochs", name, tokens, samples, num_samples,
+                num_samples / samples if samples else float("inf"))
 
 
 def _parts_per_split(data_path, paths, weights, split, weight_by_num_documents, open_prefix):
@@ -127,7 +164,7 @@ def _parts_per_split(data_path, paths, weights, split, weight_by_num_documents, 
 
 
 def _build_split(name, parts, weights, num_samples, *, seq_length, seed, cache_dir, group,
-                 weight_by_num_documents, alpha, open_prefix):
+                 weight_by_num_documents, alpha, open_prefix, global_batch_size):
     """One GPT2Dataset, or a BlendableDataset over several."""
     names = [p.name for p in parts]
     if weight_by_num_documents:
@@ -138,6 +175,7 @@ def _build_split(name, parts, weights, num_samples, *, seq_length, seed, cache_d
         logger.info("%s: %s have weight 0 and are not read", name, ", ".join(unused))
         parts, weights = zip(*[(p, w) for p, w in zip(parts, weights) if w > 0])
         names = [p.name for p in parts]
+    _check_split_size(name, parts, open_prefix, seq_length, num_samples, global_batch_size)
     if len(parts) == 1:
         part = parts[0]
         return GPT2Dataset(part.name, part.prefix, part.documents, open_prefix(part.prefix),
@@ -187,7 +225,10 @@ def collate_text(samples: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor
 def build_data_loader(dataset, consumed_samples: int, micro_batch_size: int,
                       data_parallel_rank: int, data_parallel_size: int, num_workers: int,
                       drop_last: bool = True, pin_memory: bool = False):
-    """A DataLoader of this rank's micro-batches from `consumed_samples` on; None for None."""
+    """A DataLoader of this rank's micro-batches from `consumed_samples` on; None for None.
+
+    Iterating it leaves torch's global random state alone (samples involve no randomness).
+    """
     if dataset is None:
         return None
     sampler = PretrainingSampler(len(dataset), consumed_samples, micro_batch_size,
@@ -198,9 +239,12 @@ def build_data_loader(dataset, consumed_samples: int, micro_batch_size: int,
             f"samples left, fewer than one global micro-batch of micro_batch_size "
             f"({micro_batch_size}) * data_parallel_size ({data_parallel_size}); use more data "
             "or a smaller batch")
+    # Its own generator: starting an iteration draws a worker seed from it, and a draw from
+    # torch's global generator would shift dropout, so a resumed run would diverge.
     return torch.utils.data.DataLoader(dataset, batch_sampler=sampler,
                                        num_workers=clamp_num_workers(num_workers),
-                                       collate_fn=collate_text, pin_memory=pin_memory)
+                                       collate_fn=collate_text, pin_memory=pin_memory,
+                                       generator=torch.Generator().manual_seed(0))
 
 
 def cyclic_iter(iterable: Iterable) -> Iterator:
@@ -213,33 +257,3 @@ def cyclic_iter(iterable: Iterable) -> Iterator:
         if empty:
             raise RuntimeError("the data loader yielded no batch; its dataset has fewer samples "
                                "than one global micro-batch")
-
-
-def dataset_fingerprints(*datasets) -> list[dict]:
-    """The opened fingerprint of every token file under `datasets` (blends are walked), one per
-    prefix, for checkpoint metadata (A17). None entries are skipped."""
-    found: dict[str, dict] = {}
-    stack = [d for d in datasets if d is not None]
-    while stack:
-        dataset = stack.pop()
-        if isinstance(dataset, BlendableDataset):
-            stack.extend(dataset.datasets)
-        elif isinstance(dataset, GPT2Dataset):
-            fingerprint = dataset.indexed_dataset.opened_fingerprint
-            found.setdefault(fingerprint["prefix"], fingerprint)
-        elif isinstance(dataset, MMapIndexedDataset):
-            found.setdefault(dataset.path, dataset.opened_fingerprint)
-    return [found[k] for k in sorted(found)]
-
-
-def check_datasets_unchanged(*datasets) -> None:
-    """Raise if any token file under `datasets` changed on disk since it was opened (A16)."""
-    stack = [d for d in datasets if d is not None]
-    while stack:
-        dataset = stack.pop()
-        if isinstance(dataset, BlendableDataset):
-            stack.extend(dataset.datasets)
-        elif isinstance(dataset, GPT2Dataset):
-            dataset.indexed_dataset.check_unchanged()
-        elif isinstance(dataset, MMapIndexedDataset):
-            dataset.check_unchanged()

@@ -2,13 +2,17 @@
 
 Inputs may be files or directories (searched recursively, sorted) and a comma-separated list of
 either. A jsonl line is one document; each requested key becomes its own token file. A `.txt`
-file is one document. Documents are tokenized in batches, by `workers` processes when > 1, and
-written in input order; empty documents are skipped, as GPT-NeoX does.
+file is one document. Documents are tokenized in batches of about `BATCH_CHARS` characters, by
+`workers` processes when > 1, each using one thread (`tokenizers`' own thread pool is switched
+off, so `workers` is the number of cores used); a batch comes back as one token array, written
+with one call, in input order. Empty documents are skipped, as GPT-NeoX does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import itertools
 import json
 import multiprocessing
 import os
@@ -27,7 +31,11 @@ logger = get_logger(__name__)
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
 TEXT_SUFFIXES = (".txt", ".txt.gz")
-BATCH_DOCS = 64
+# Documents go to the tokenizer (and to a worker process) in batches of about this many
+# characters: big enough that sending them costs little, small enough to keep workers balanced.
+BATCH_CHARS = 1 << 18
+BATCH_DOCS = 4096
+TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"
 
 
 def expand_inputs(inputs: str | Sequence[str]) -> list[str]:
@@ -98,31 +106,61 @@ def _init_worker(tokenizer_spec: tuple, keys: tuple, append_eod: bool,
     _WORKER["keys"], _WORKER["append_eod"] = keys, append_eod
 
 
-def _encode_batch(batch: list[dict[str, str]]) -> tuple[list[dict[str, np.ndarray]], int]:
-    """Token arrays per document and key, and the batch's UTF-8 byte count."""
+def _encode_batch(batch: list[dict[str, str]]) -> tuple[dict[str, tuple], int]:
+    """{key: (int64 token ids of the batch back to back, tokens per document)} and the batch's
+    UTF-8 byte count. Arrays, not lists, so sending them between processes is one copy."""
     tokenizer = _WORKER["tokenizer"]
-    encoded: list[dict[str, np.ndarray]] = [{} for _ in batch]
+    encoded: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     nbytes = 0
     for key in _WORKER["keys"]:
         texts = [doc[key] for doc in batch]
         nbytes += sum(len(t.encode("utf-8")) for t in texts)
-        for out, ids in zip(encoded, tokenizer.tokenize_batch(texts)):
-            ids = np.asarray(ids, dtype=np.int64)
-            if len(ids) and _WORKER["append_eod"]:
-                ids = np.append(ids, tokenizer.eod)
-            out[key] = ids
+        ids = tokenizer.tokenize_batch(texts)
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        tokens = _concatenate(ids, int(lengths.sum()))
+        if _WORKER["append_eod"]:  # after every non-empty document
+            ends = np.cumsum(lengths)[lengths > 0]
+            tokens = np.insert(tokens, ends, tokenizer.eod)
+            lengths += lengths > 0
+        encoded[key] = (tokens, lengths)
     return encoded, nbytes
 
 
-def _batches(documents: Iterator[dict[str, str]], size: int) -> Iterator[list[dict[str, str]]]:
+def _concatenate(ids: list, total: int) -> np.ndarray:
+    """int64[total]: the token sequences (lists or arrays) back to back, without per-token
+    Python objects where the backend returns arrays."""
+    if ids and all(isinstance(seq, np.ndarray) for seq in ids):
+        return np.concatenate(ids).astype(np.int64, copy=False)
+    return np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=total)
+
+
+def _batches(documents: Iterator[dict[str, str]]) -> Iterator[list[dict[str, str]]]:
+    """Lists of documents holding about BATCH_CHARS characters (at most BATCH_DOCS documents)."""
     batch: list[dict[str, str]] = []
+    chars = 0
     for doc in documents:
         batch.append(doc)
-        if len(batch) == size:
+        chars += sum(map(len, doc.values()))
+        if chars >= BATCH_CHARS or len(batch) == BATCH_DOCS:
             yield batch
-            batch = []
+            batch, chars = [], 0
     if batch:
         yield batch
+
+
+@contextlib.contextmanager
+def _tokenizers_threads_off() -> Iterator[None]:
+    """Keep `tokenizers` to one thread per process (its Rayon pool would otherwise use every
+    core from `encode_batch`), so `workers` is the number of cores preprocessing uses."""
+    old = os.environ.get(TOKENIZERS_PARALLELISM)
+    os.environ[TOKENIZERS_PARALLELISM] = "false"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(TOKENIZERS_PARALLELISM, None)
+        else:
+            os.environ[TOKENIZERS_PARALLELISM] = old
 
 
 @dataclass
@@ -167,17 +205,9 @@ def preprocess(inputs: str | Sequence[str], output_prefix: str, tokenizer_type: 
         documents = (d for i, d in zip(range(max_docs), documents))
     spec = (tokenizer_type, vocab_file, merge_file)
     try:
-        if workers > 1:
-            # spawn: no inherited threads (torch, tokenizers' thread pool) in the workers
-            ctx = multiprocessing.get_context("spawn")
-            with ctx.Pool(workers, initializer=_init_worker,
-                          initargs=(spec, keys, append_eod)) as pool:
-                encoded = pool.imap(_encode_batch, _batches(documents, BATCH_DOCS))
-                _write_all(encoded, builders, result, log_interval)
-        else:
-            _init_worker(spec, keys, append_eod, tokenizer)
-            encoded = map(_encode_batch, _batches(documents, BATCH_DOCS))
-            _write_all(encoded, builders, result, log_interval)
+        with _tokenizers_threads_off():  # inherited by the spawned workers
+            _run(documents, builders, result, spec, keys, append_eod, workers, tokenizer,
+                 log_interval)
         for key, builder in builders.items():
             builder.finalize(index_file_path(prefixes[key]))
     except BaseException:
@@ -188,19 +218,30 @@ def preprocess(inputs: str | Sequence[str], output_prefix: str, tokenizer_type: 
     return result
 
 
+def _run(documents, builders, result, spec, keys, append_eod, workers, tokenizer,
+         log_interval) -> None:
+    """Tokenize `documents` in this process (workers == 1) or a pool, writing in input order."""
+    if workers <= 1:
+        _init_worker(spec, keys, append_eod, tokenizer)
+        _write_all(map(_encode_batch, _batches(documents)), builders, result, log_interval)
+        return
+    # spawn: no inherited threads (torch, tokenizers' thread pool) in the workers
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(spec, keys, append_eod)) as pool:
+        encoded = pool.imap(_encode_batch, _batches(documents))
+        _write_all(encoded, builders, result, log_interval)
+
+
 def _write_all(encoded, builders, result: PreprocessResult, log_interval: int) -> None:
     start = time.perf_counter()
     next_log = log_interval
     for batch, nbytes in encoded:
-        for doc in batch:
-            for key, ids in doc.items():
-                if len(ids) == 0:
-                    result.skipped_empty[key] += 1
-                    continue
-                builders[key].add_item(ids)
-                builders[key].end_document()
-                result.tokens += len(ids)
-            result.documents += 1
+        for key, (tokens, lengths) in batch.items():
+            nonempty = lengths > 0
+            result.skipped_empty[key] += int(len(lengths) - nonempty.sum())
+            builders[key].add_documents(tokens, lengths[nonempty])
+            result.tokens += len(tokens)
+        result.documents += len(next(iter(batch.values()))[1])
         result.input_bytes += nbytes
         result.seconds = time.perf_counter() - start
         if log_interval and result.documents >= next_log:

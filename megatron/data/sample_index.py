@@ -47,15 +47,17 @@ def build_sample_idx(sizes: np.ndarray, doc_idx: np.ndarray, seq_length: int,
     `num_tokens` is the length of the whole stream (tokens per epoch * epochs). Documents of
     length 0 are never pointed into.
     """
-    lengths = np.asarray(sizes)[doc_idx].astype(np.int64)
-    ends = np.cumsum(lengths)  # ends[j]: stream position just past document j
+    lengths = np.asarray(sizes)[doc_idx]  # sizes' own dtype (int32): half the memory traffic
+    ends = np.cumsum(lengths, dtype=np.int64)  # ends[j]: stream position just past document j
     assert ends[-1] == num_tokens, "stream length does not match the documents' sizes"
     n = samples_per_epoch(num_tokens, seq_length)
     positions = np.arange(n + 1, dtype=np.int64) * seq_length
     which = np.searchsorted(ends, positions, side="right")
-    offsets = positions - (ends[which] - lengths[which])
     dtype = np.int32 if max(len(doc_idx), int(lengths.max())) < 2**31 else np.int64
-    return np.stack([which, offsets], axis=1).astype(dtype)
+    sample_idx = np.empty((n + 1, 2), dtype=dtype)
+    sample_idx[:, 0] = which
+    sample_idx[:, 1] = positions - ends[which] + lengths[which]
+    return sample_idx
 
 
 def build_shuffle_idx(num_samples: int, rng: np.random.RandomState) -> np.ndarray:

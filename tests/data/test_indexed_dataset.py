@@ -173,6 +173,32 @@ def test_writer_rejects_ids_outside_the_dtype(tmp_path, bad_id):
     assert os.listdir(tmp_path) == []
 
 
+def test_bulk_documents_write_the_same_files_as_items(tmp_path, write_dataset,
+                                                      random_documents):
+    docs = random_documents(30, min_len=0, seed=4)
+    write_dataset(tmp_path / "items", docs)
+    builder = MMapIndexedDatasetBuilder(str(tmp_path / "bulk.bin"), dtype=np.uint16)
+    builder.add_documents(np.concatenate(docs[:10]), [len(d) for d in docs[:10]])
+    builder.add_documents(np.concatenate(docs[10:]).tolist(), [len(d) for d in docs[10:]])
+    builder.add_documents([], [])
+    builder.finalize(str(tmp_path / "bulk.idx"))
+    for ext in (".bin", ".idx"):
+        with open(tmp_path / f"items{ext}", "rb") as a, open(tmp_path / f"bulk{ext}", "rb") as b:
+            assert a.read() == b.read()
+
+
+@pytest.mark.parametrize("tokens, lengths, pattern", [
+    ([1, 2, 3], [1, 1], "2 document lengths sum to 2 but 3 tokens were given"),
+    ([1, 2], [3, -1], r"document lengths must be in 0..2\*\*31-1, got -1..3"),
+    ([1, 70000], [2], r"token id 70000 in items 0..0 does not fit uint16"),
+])
+def test_bulk_documents_are_checked(tmp_path, tokens, lengths, pattern):
+    builder = MMapIndexedDatasetBuilder(str(tmp_path / "x.bin"), dtype=np.uint16)
+    with pytest.raises(ValueError, match=pattern):
+        builder.add_documents(tokens, lengths)
+    builder.abort()
+
+
 def test_nothing_appears_before_finalize_and_errors_leave_nothing(tmp_path, write_dataset):
     prefix = str(tmp_path / "atomic")
     builder = MMapIndexedDatasetBuilder(data_file_path(prefix), dtype=np.uint16)

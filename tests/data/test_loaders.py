@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 
 import numpy as np
 import pytest
@@ -11,9 +10,10 @@ import torch
 
 from megatron.data.blendable_dataset import BlendableDataset
 from megatron.data.gpt2_dataset import GPT2Dataset
+from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.data.loaders import (available_cpus, build_data_loader,
-                                   build_train_valid_test_datasets, check_datasets_unchanged,
-                                   clamp_num_workers, cyclic_iter, dataset_fingerprints)
+                                   build_train_valid_test_datasets, clamp_num_workers,
+                                   cyclic_iter)
 
 
 @pytest.fixture
@@ -156,15 +156,71 @@ def test_too_small_dataset_for_one_global_batch(prefixes):
         build_data_loader(train, 0, len(train), 0, 2, num_workers=0)
 
 
-def test_fingerprints_of_a_blend_and_change_detection(prefixes):
+@pytest.mark.parametrize("global_batch, ok", [(None, True), (22, True), (23, False)])
+def test_split_smaller_than_one_global_batch_is_an_error(prefixes, global_batch, ok):
+    a, _ = prefixes  # 100 documents of 5..30 tokens: split "90,10" leaves valid 10 documents
+    valid_tokens = int(MMapIndexedDataset(a).sizes[90:].sum())
+    valid_samples = (valid_tokens - 1) // 8
+    assert valid_samples == 22, "fixture changed; pick other global batches"
+    kwargs = dict(data_path=a, split="90,10", train_valid_test_num_samples=(50, 40, 0),
+                  global_batch_size=global_batch)
+    if ok:
+        assert build(**kwargs)[1] is not None
+        return
+    with pytest.raises(ValueError) as err:
+        build(**kwargs)
+    assert str(err.value).startswith(
+        f"the valid split holds {valid_tokens} tokens (22 samples of seq_length + 1 = 9 tokens), "
+        "fewer than one global batch of 23 samples")
+
+
+def test_blend_counts_the_samples_of_every_part(prefixes):
     a, b = prefixes
-    train, valid, _ = build(train_data_paths=[a, b], valid_data_paths=[a],
-                            train_valid_test_num_samples=(20, 5, 0))
-    fingerprints = dataset_fingerprints(train, valid, None)
-    assert [f["prefix"] for f in fingerprints] == [a, b]
-    check_datasets_unchanged(train, valid)
-    with open(b + ".bin", "r+b") as f:
-        f.write(b"\xff\xff")
-    os.utime(b + ".bin", (1, 1))
-    with pytest.raises(RuntimeError, match=f"indexed dataset {b} changed on disk"):
-        check_datasets_unchanged(train, valid)
+    samples = [(int(MMapIndexedDataset(p).sizes.sum()) - 1) // 8 for p in (a, b)]
+    build(train_data_paths=[a, b], train_valid_test_num_samples=(10, 0, 0),
+          global_batch_size=sum(samples))
+    pattern = rf"the train split holds \d+ tokens \({sum(samples)} samples of"
+    with pytest.raises(ValueError, match=pattern):
+        build(train_data_paths=[a, b], train_valid_test_num_samples=(10, 0, 0),
+              global_batch_size=sum(samples) + 1)
+    with pytest.raises(ValueError, match="global_batch_size must be an integer >= 1, got 0"):
+        build(data_path=a, train_valid_test_num_samples=(10, 0, 0), global_batch_size=0)
+
+
+def test_epochs_needed_are_logged_per_split(prefixes, caplog):
+    a, _ = prefixes
+    tokens = int(MMapIndexedDataset(a).sizes.sum())
+    samples = (tokens - 1) // 8
+    with caplog.at_level(logging.INFO, logger="megatron"):
+        build(data_path=a, split="1", train_valid_test_num_samples=(3 * samples, 0, 0))
+    assert (f"train split: {tokens} tokens = {samples} samples per epoch; {3 * samples} "
+            "samples requested -> 3.00 epochs") in caplog.text
+    assert "-> 3 epoch(s)" in caplog.text  # GPT2Dataset: the whole epochs it built
+
+
+def test_loader_clamps_num_workers_with_a_warning(prefixes, caplog):
+    a, _ = prefixes
+    train, _, _ = build(data_path=a, split="1", train_valid_test_num_samples=(16, 0, 0))
+    cpus = available_cpus()
+    with caplog.at_level(logging.WARNING, logger="megatron"):
+        loader = build_data_loader(train, 0, 4, 0, 1, num_workers=cpus + 3)
+    assert loader.num_workers == cpus
+    assert f"num_workers={cpus + 3} exceeds the {cpus} available CPUs; using {cpus}" in caplog.text
+
+
+def test_iterating_a_loader_leaves_the_global_random_state_alone(prefixes):
+    a, _ = prefixes
+    train, _, _ = build(data_path=a, split="1", train_valid_test_num_samples=(16, 0, 0))
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    for _ in range(2):  # a resumed run and every evaluation start a fresh iteration
+        next(iter(build_data_loader(train, 0, 4, 0, 1, num_workers=0)))
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_loader_ends_after_the_dataset(prefixes):
+    a, _ = prefixes
+    train, _, _ = build(data_path=a, split="1", train_valid_test_num_samples=(16, 0, 0))
+    batches = list(build_data_loader(train, 0, 4, 0, 1, num_workers=0))
+    assert len(batches) == len(train) // 4  # finite: one pass, then StopIteration

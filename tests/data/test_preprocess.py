@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from megatron.data.indexed_dataset import MMapIndexedDataset
+from megatron.data import preprocess as preprocess_module
 from megatron.data.preprocess import expand_inputs, preprocess
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -63,25 +64,50 @@ def test_several_keys_comma_list_and_no_eod(inputs, tmp_path):
                                                     list(b"zipped")]
 
 
-def test_workers_write_the_same_bytes(tmp_path):
-    records = [{"text": f"document number {i} " * (i % 7 + 1)} for i in range(300)]
+def test_workers_write_the_same_bytes(tmp_path, monkeypatch):
+    from megatron.tokenizer.train_bpe import train_bpe_tokenizer
+
+    records = [{"text": "" if i % 50 == 7 else f"document number {i} " * (i % 7 + 1)}
+               for i in range(300)]
     write_jsonl(tmp_path / "many.jsonl", records)
-    one = preprocess(str(tmp_path / "many.jsonl"), str(tmp_path / "one"), "CharLevelTokenizer",
-                     append_eod=True)
-    two = preprocess(str(tmp_path / "many.jsonl"), str(tmp_path / "two"), "CharLevelTokenizer",
-                     append_eod=True, workers=2)
+    tok = train_bpe_tokenizer([r["text"] for r in records], 300, str(tmp_path / "tok.json"))
+    monkeypatch.setattr(preprocess_module, "BATCH_DOCS", 16)  # many batches, in order
+    one, two = (preprocess(str(tmp_path / "many.jsonl"), str(tmp_path / name), "HFTokenizer",
+                           str(tmp_path / "tok.json"), append_eod=True, workers=workers)
+                for name, workers in (("one", 1), ("two", 2)))
     for ext in (".bin", ".idx"):
         with open(one.prefixes["text"] + ext, "rb") as a, open(two.prefixes["text"] + ext,
                                                                "rb") as b:
             assert a.read() == b.read()
+    eod = tok.token_to_id("<|endoftext|>")
+    expected = [tok.encode(r["text"]).ids + [eod] for r in records if r["text"]]
+    assert read_all(two.prefixes["text"])[0] == expected
+    assert two.skipped_empty == {"text": 6} and two.documents == 300
 
 
-def test_progress_reports_rates(tmp_path, caplog):
+def test_tokenizers_threads_are_off_while_preprocessing(tmp_path, monkeypatch):
+    from megatron.tokenizer.char_level import CharLevelTokenizer
+
+    seen = []
+
+    class Spy(CharLevelTokenizer):
+        def tokenize_batch(self, texts):
+            seen.append(os.environ.get("TOKENIZERS_PARALLELISM"))
+            return super().tokenize_batch(texts)
+
+    write_jsonl(tmp_path / "x.jsonl", [{"text": "abc"}])
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    preprocess(str(tmp_path / "x.jsonl"), str(tmp_path / "x"), tokenizer=Spy())
+    assert seen == ["false"] and os.environ["TOKENIZERS_PARALLELISM"] == "true"
+
+
+def test_progress_reports_rates(tmp_path, caplog, monkeypatch):
     write_jsonl(tmp_path / "x.jsonl", [{"text": "abc"}] * 200)
+    monkeypatch.setattr(preprocess_module, "BATCH_DOCS", 50)
     with caplog.at_level(logging.INFO, logger="megatron"):
         preprocess(str(tmp_path / "x.jsonl"), str(tmp_path / "x"), "CharLevelTokenizer",
                    log_interval=64)
-    assert "processed 64 documents" in caplog.text
+    assert "processed 100 documents" in caplog.text  # the first batch end past 64
     assert "docs/s" in caplog.text and "tokens/s" in caplog.text and "MB/s" in caplog.text
     assert "done: 200 documents, 600 tokens" in caplog.text
 

@@ -43,7 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                        help="writes {prefix}_{key}_document.bin/.idx")
     group.add_argument("--dataset-impl", default="mmap", choices=["mmap"])
     group = parser.add_argument_group("runtime")
-    group.add_argument("--workers", type=int, default=1, help="tokenizer processes")
+    group.add_argument("--workers", type=int, default=1,
+                       help="tokenizer processes, one thread and one core each")
     group.add_argument("--log-interval", type=int, default=1000,
                        help="log progress every N documents")
     return parser.parse_args(argv)
