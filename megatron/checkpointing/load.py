@@ -1,43 +1,166 @@
-"""Resuming: find the checkpoint to load, load it through DeepSpeed, return our client state."""
+"""Resuming: pick the newest checkpoint that verifies, check it fits this run, load it (A22-A24).
+
+    1. rank 0 removes what interrupted saves left in the save directory
+    2. candidates: the tag `latest` names, then every other global_step<N>, newest first; with
+       `iteration` set, only that one
+    3. per candidate, every rank checks every file's size and hashes its share of the files
+       (split by size over the ranks); the ranks exchange what they found, so they all accept or
+       all reject it. A rejected checkpoint is reported loudly, file by file, and the next one
+       is tried; when none verifies, NoValidCheckpointError lists what is wrong with each
+    4. the metadata is compared with this run (A23); a mismatch is refused with an explanation
+    5. DeepSpeed loads weights / optimizer / LR schedule; each rank restores its RNG states
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from megatron.checkpointing.layout import read_latest, tag_for
+from megatron.checkpointing import collectives, data_position, engine_state, rng
+from megatron.checkpointing.compatibility import check_compatible, describe_run
+from megatron.checkpointing.errors import CorruptFileError, NoValidCheckpointError
+from megatron.checkpointing.layout import (LATEST, read_latest, rng_file, saved_iterations,
+                                           tag_for)
+from megatron.checkpointing.manifest import Manifest, assign_files, check_files, read_manifest
+from megatron.checkpointing.retention import remove_leftovers
 from megatron.monitoring.logger import get_logger
 
 log = get_logger(__name__)
 
 
 def load_checkpoint(engine, args) -> dict:
-    """Load `load` (its `latest`, or the chosen `iteration`) into the engine; {} when starting fresh.
+    """Load `load` (its newest valid checkpoint, or the chosen `iteration`) into the engine.
 
-    `finetune` loads weights only and restarts the iteration count; `no_load_optim` keeps the
-    fresh optimizer and LR schedule.
+    Returns the saved client state (iteration, consumed samples, ...); {} when there is nothing
+    to load or with `finetune` (weights only, iteration count restarts). `no_load_optim` keeps
+    the fresh optimizer and LR schedule, `no_load_rng` the seeded generators. Collective.
     """
     ck = args.checkpoint
     if not ck.load:
         return {}
-    load_dir = Path(ck.load)
-    tag = tag_for(ck.iteration) if ck.iteration is not None else read_latest(load_dir)
-    if tag is None:
-        log.info("no checkpoint in %s (no 'latest' file): starting from iteration 0", load_dir)
+    root = Path(ck.load)
+    if collectives.rank() == 0 and ck.save and Path(ck.save).is_dir():
+        remove_leftovers(Path(ck.save))
+    candidates = _agreed_candidates(root, ck.iteration)
+    if not candidates:
+        log.info("no checkpoint in %s: starting from iteration 0", root)
         return {}
-    if not (load_dir / tag).is_dir():
-        raise FileNotFoundError(
-            f"checkpoint {load_dir / tag} does not exist (named by "
-            f"{'iteration=' + str(ck.iteration) if ck.iteration is not None else load_dir / 'latest'}); "
-            f"pick an existing global_step directory or remove the setting")
-    module_only = bool(ck.finetune)
-    path, client_state = engine.engine.load_checkpoint(
-        str(load_dir), tag=tag,
-        load_module_only=module_only,
-        load_optimizer_states=not (module_only or ck.no_load_optim),
-        load_lr_scheduler_states=not (module_only or ck.no_load_optim))
-    if path is None:
-        raise RuntimeError(f"DeepSpeed could not load checkpoint {load_dir / tag}; see the log above")
-    log.info("loaded checkpoint %s", load_dir / tag)
-    if module_only:
+    weights_only = bool(ck.finetune or ck.no_load_optim)
+    current = describe_run(args, engine)
+    rejected: list[tuple[str, list[str]]] = []
+    for tag in candidates:
+        manifest, problems = verify_checkpoint(root / tag)
+        if problems:
+            _loud(f"checkpoint {root / tag} is damaged and will not be loaded:\n  - "
+                  + "\n  - ".join(problems))
+            rejected.append((tag, problems))
+            if ck.iteration is not None:
+                break
+            continue
+        check_compatible(manifest.run, current, manifest.format_version,
+                         weights_only or not manifest.contents.get("optimizer", True), root / tag)
+        if rejected:
+            _loud(f"loading {root / tag} instead, the newest checkpoint that verifies "
+                  f"(skipped: {', '.join(t for t, _ in rejected)})")
+        return _load(engine, args, root, tag, manifest)
+    raise NoValidCheckpointError(
+        f"no checkpoint in {root} can be loaded:\n"
+        + "\n".join(f"  {tag}:\n    - " + "\n    - ".join(p) for tag, p in rejected)
+        + "\nRestore the files from a backup, pick another with iteration=<N>, or remove `load` "
+        "to start from scratch")
+
+
+def _agreed_candidates(root: Path, iteration: int | None) -> list[str]:
+    """find_candidates as rank 0 sees the directory, on every rank (its notes logged)."""
+    found = None
+    if collectives.rank() == 0:
+        try:
+            found = (find_candidates(root, iteration), None)
+        except FileNotFoundError as err:
+            found = (([], []), str(err))
+    (candidates, notes), missing = collectives.broadcast(found)
+    if missing:
+        raise FileNotFoundError(missing)
+    for note in notes:
+        _loud(note)
+    return candidates
+
+
+def find_candidates(root: Path, iteration: int | None) -> tuple[list[str], list[str]]:
+    """(tags to try in order, warnings about `latest`). FileNotFoundError for a missing chosen
+    iteration."""
+    saved = [tag_for(i) for i in reversed(saved_iterations(root))]
+    if iteration is not None:
+        tag = tag_for(iteration)
+        if not (root / tag).is_dir():
+            numbers = ", ".join(str(i) for i in saved_iterations(root)) or "none"
+            raise FileNotFoundError(f"checkpoint {root / tag} (iteration={iteration}) does not "
+                                    f"exist; saved iterations in {root}: {numbers}")
+        return [tag], []
+    latest = read_latest(root)
+    if latest is None:
+        notes = [f"{root / LATEST} is missing but {root} holds {', '.join(saved)}: loading the "
+                 "newest one that verifies"] if saved else []
+        return saved, notes
+    if not (root / latest).is_dir():
+        return saved, [f"{root / LATEST} names {latest!r} but {root / latest} does not exist; "
+                       "loading the newest checkpoint that verifies instead"]
+    return [latest] + [t for t in saved if t != latest], []
+
+
+def verify_checkpoint(directory: Path) -> tuple[Manifest | None, list[str]]:
+    """(manifest, problems found by any rank). Collective: every rank checks the sizes of all
+    files and hashes its share of them."""
+    rank, world = collectives.rank(), collectives.world_size()
+    manifest = None
+    try:
+        manifest = read_manifest(directory)
+        share = assign_files(manifest.files, world)[rank]
+        local = check_files(directory, manifest, share, threads=min(4, os.cpu_count() or 1))
+    except CorruptFileError as err:
+        local = [str(err)]
+    problems = sorted({p for found in collectives.all_gather(local) for p in found})
+    return (None if problems else manifest), problems
+
+
+def _load(engine, args, root: Path, tag: str, manifest: Manifest) -> dict:
+    ck = args.checkpoint
+    has_optimizer = bool(manifest.contents.get("optimizer", True))
+    keep_fresh = bool(ck.finetune or ck.no_load_optim)
+    if not has_optimizer and not keep_fresh and collectives.rank() == 0:
+        log.warning("checkpoint %s has no optimizer state (saved with no_save_optim): the "
+                    "optimizer starts fresh", root / tag)
+    engine_state.load_engine_state(engine, root, tag, module_only=bool(ck.finetune),
+                                   load_optimizer=has_optimizer and not keep_fresh,
+                                   load_lr_schedule=not keep_fresh)
+    if not (ck.finetune or ck.no_load_rng):
+        _restore_rng(engine, root / tag, manifest)
+    log.info("loaded checkpoint %s (iteration %d)", root / tag, manifest.iteration)
+    if ck.finetune:
         return {}
-    return client_state or {}
+    return data_position.resumed_state(manifest.client_state)
+
+
+def _restore_rng(engine, directory: Path, manifest: Manifest) -> None:
+    rank = collectives.rank()
+    if not manifest.contents.get("rng", False):
+        if rank == 0:
+            log.warning("checkpoint %s has no RNG states (saved with no_save_rng): generators "
+                        "keep their seeded state", directory)
+        return
+    name = rng_file(rank)
+    if name not in manifest.files:
+        saved_world = manifest.run.get("world_size")
+        log.warning("checkpoint %s has RNG states for %s ranks, none for rank %d: it keeps its "
+                    "seeded generators", directory, saved_world, rank)
+        return
+    tp_rng = getattr(getattr(engine, "tp", None), "rng", None)
+    skipped = rng.restore(rng.load(directory, name, manifest.files[name].record), tp_rng)
+    for what in skipped:
+        log.warning("RNG restore from %s skipped %s", directory / name, what)
+
+
+def _loud(message: str) -> None:
+    """A warning every user sees: rank 0 logs it (other ranks hold the same message)."""
+    if collectives.rank() == 0:
+        log.warning("%s", message)

@@ -44,7 +44,8 @@ def build_datasets(args, counts: SampleCounts, vocab_size: int):
         weighted_sampler_alpha=d.weighted_sampler_alpha, split=d.split,
         seq_length=args.model.seq_length, seed=args.training.seed,
         train_valid_test_num_samples=(counts.train, counts.valid, counts.test),
-        cache_dir=d.data_cache_dir, skip_warmup=not d.mmap_warmup, vocab_size=vocab_size)
+        cache_dir=d.data_cache_dir, skip_warmup=not d.mmap_warmup, vocab_size=vocab_size,
+        global_batch_size=args.derived.train_batch_size)
 
 
 def micro_batch_iterator(dataset, consumed_samples: int, args, dp_rank: int, dp_size: int,

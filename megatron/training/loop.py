@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 
 from megatron.checkpointing import load_checkpoint, save_checkpoint, should_save
+from megatron.data.fingerprints import (check_datasets_unchanged, compare_fingerprints,
+                                        dataset_fingerprints)
 from megatron.model.config import model_config_from_args
 from megatron.monitoring.logger import get_logger, print_rank_0
 from megatron.monitoring.trackers import MetricsTracker
@@ -36,10 +38,12 @@ class RunState:
     consumed_train_samples: int = 0
     consumed_valid_samples: int = 0
     interval_losses: list = field(default_factory=list)
+    data_fingerprints: dict = field(default_factory=dict)
 
     def client_state(self) -> dict:
         return {"consumed_train_samples": self.consumed_train_samples,
-                "consumed_valid_samples": self.consumed_valid_samples}
+                "consumed_valid_samples": self.consumed_valid_samples,
+                "data_fingerprints": self.data_fingerprints}
 
 
 def set_seeds(seed: int) -> None:
@@ -77,6 +81,9 @@ def _pretrain(args) -> RunState:
 
     counts = sample_counts(args)
     train_ds, valid_ds, _ = build_datasets(args, counts, tokenizer.vocab_size)
+    datasets = [d for d in (train_ds, valid_ds) if d is not None]
+    state.data_fingerprints = dataset_fingerprints(*datasets, content_only=True)
+    check_same_data(args, resumed, state.data_fingerprints)
     coords = topology.coords(rank)
     d = args.data
     options = BatchOptions(tokenizer.eod, d.eod_mask_loss, d.reset_position_ids, d.reset_attention_mask)
@@ -90,10 +97,27 @@ def _pretrain(args) -> RunState:
                  f"rank, tp={topology.tp} pp={topology.pp} dp={topology.dp}, from iteration "
                  f"{state.iteration} to {args.training.train_iters}")
     try:
-        _train(args, engine, state, train_iter, valid_iter, tracker)
+        _train(args, engine, state, train_iter, valid_iter, tracker, datasets)
     finally:
         tracker.close()
     return state
+
+
+def check_same_data(args, resumed: dict, fingerprints: dict) -> None:
+    """A17: a resumed run reads the token files the checkpoint was trained on."""
+    saved = resumed.get("data_fingerprints")
+    if not saved:
+        return
+    differences = compare_fingerprints(saved, fingerprints)
+    if not differences:
+        return
+    text = "; ".join(differences)
+    if args.checkpoint.allow_data_change:
+        log.warning("resuming on different data (allow_data_change is on): %s", text)
+        return
+    raise RuntimeError(f"the training data differs from the data checkpoint {args.checkpoint.load} "
+                       f"was trained on: {text}. Restore those files, or set "
+                       "allow_data_change: true to continue on the new data")
 
 
 def check_ranks_agree(state: RunState) -> None:
@@ -111,7 +135,8 @@ def check_ranks_agree(state: RunState) -> None:
             "from different saves: load an earlier checkpoint")
 
 
-def _train(args, engine, state: RunState, train_iter, valid_iter, tracker: MetricsTracker) -> None:
+def _train(args, engine, state: RunState, train_iter, valid_iter, tracker: MetricsTracker,
+           datasets: list) -> None:
     t, ck = args.training, args.checkpoint
     gbs = args.derived.train_batch_size
     tokens_per_iter = gbs * args.model.seq_length
@@ -131,6 +156,7 @@ def _train(args, engine, state: RunState, train_iter, valid_iter, tracker: Metri
             interval_start = time.perf_counter()
         if ck.save and should_save(state.iteration, ck.checkpoint_factor, ck.checkpoint_scale,
                                    ck.extra_save_iters):
+            check_datasets_unchanged(*datasets)  # A16: the files did not change under us
             save_checkpoint(engine, args, state.iteration, state.client_state())
             saved_at = state.iteration
             interval_start = time.perf_counter()

@@ -119,3 +119,28 @@ def test_llama_style_config_trains_with_tensor_parallel_gqa(small_data, tmp_path
     assert_learned(train)
     names = {p.name for p in (run / "ckpt" / "global_step20").iterdir()}
     assert {"layer_01-model_00-model_states.pt", "layer_01-model_01-model_states.pt"} <= names
+
+
+def test_resume_on_changed_data_is_refused_unless_allowed(tmp_path):
+    """A17: the checkpoint records the token files' content; resuming on other files stops with
+    the differences named, and allow_data_change lets the run continue on purpose."""
+    from megatron.data.prepare import prepare_builtin
+
+    first = prepare_builtin(str(tmp_path / "a"), vocab_size=1024, max_documents=800)
+    run = tmp_path / "run"
+    proc = deepy("train.py", "configs/tiny.yml",
+                 *tiny_overrides(first.data_prefix, first.vocab_file, run, train_iters=10,
+                                 split="80,10,10"))
+    assert proc.returncode == 0, explain(proc)
+    # the same prefix, rebuilt from fewer documents: other content under the same name
+    prepare_builtin(str(tmp_path / "a"), vocab_size=1024, max_documents=700)
+    again = tiny_overrides(first.data_prefix, first.vocab_file, run, train_iters=20,
+                           split="80,10,10")
+    refused = deepy("train.py", "configs/tiny.yml", *again)
+    assert refused.returncode != 0
+    assert "the training data differs from the data checkpoint" in refused.stderr, explain(refused)
+    assert f"{first.data_prefix}: num_tokens was" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    allowed = deepy("train.py", "configs/tiny.yml", *again, "allow_data_change=true")
+    assert allowed.returncode == 0, explain(allowed)
+    assert "from iteration 10 to 20" in allowed.stdout

@@ -38,3 +38,8 @@ class CheckpointArgs:
     iteration: int | None = option(
         None, "Load the checkpoint of this iteration instead of the latest one."
     )
+    allow_data_change: bool = option(
+        False,
+        "Resume even though the token files differ from those the checkpoint was trained on "
+        "(their content fingerprints are stored in every checkpoint).",
+    )
