@@ -1,10 +1,10 @@
-"""Metadata: what a checkpoint's run looked like, and whether this run can load it (A23).
+"""Metadata: what a checkpoint's run looked like, and how this run can load it (A23).
 
 `describe_run` records the parallel degrees, ZeRO stage, precision and model shape in the
-manifest; `mismatches` compares a saved description with this run's. Tensor- and pipeline-
-parallel degrees and the model shape must match; the data-parallel degree may change where the
-saved optimizer state does not depend on it (ZeRO stage 0 in fp32), or when only the weights are
-loaded (finetune / no_load_optim).
+manifest. The model shape must match. A different layout (tensor / pipeline / data-parallel
+degree, ZeRO stage 0-2, fp32 vs bf16) is loaded by resharding (reshard.py); `layout_changes`
+says what differs. ZeRO stage 3 keeps the weights themselves partitioned: such a checkpoint or
+run loads only at the layout that saved it.
 """
 
 from __future__ import annotations
@@ -51,43 +51,43 @@ def dp_change_supported(saved: dict, current: dict) -> bool:
     return all(r.get("zero_stage") == 0 and r.get("precision") != "bf16" for r in (saved, current))
 
 
-def mismatches(saved: dict, current: dict, format_version: int, module_only: bool) -> list[str]:
+def layout_changes(saved: dict, current: dict) -> list[str]:
+    """`name: checkpoint X, this run Y` for each layout setting that differs (a data-parallel
+    change DeepSpeed loads by itself, ZeRO 0 in fp32, is not one)."""
+    out = []
+    for key in ("tp", "pipe_parallel_size", "zero_stage", "precision", "dp"):
+        a, b = saved.get(key), current.get(key)
+        if a == b or (key == "dp" and dp_change_supported(saved, current)):
+            continue
+        out.append(f"{_NAMES[key]}: checkpoint {a}, this run {b}")
+    return out
+
+
+def mismatches(saved: dict, current: dict, format_version: int) -> list[str]:
     """Why this run cannot load a checkpoint described by `saved` (empty when it can)."""
     out = []
     if format_version > FORMAT_VERSION:
         out.append(f"format_version: checkpoint {format_version}, this code reads up to "
                    f"{FORMAT_VERSION} (update the code)")
-    for key in ("tp", "pipe_parallel_size") + SHAPE_KEYS:
+    for key in SHAPE_KEYS:
         a, b = saved.get(key), current.get(key)
         if a is not None and b is not None and a != b:
-            out.append(f"{_NAMES.get(key, key)}: checkpoint {a}, this run {b}")
+            out.append(f"{key}: checkpoint {a}, this run {b}")
+    changes = layout_changes(saved, current)
     stages = (saved.get("zero_stage"), current.get("zero_stage"))
-    if module_only and stages[0] != stages[1] and 3 in stages:
-        out.append(f"{_NAMES['zero_stage']}: checkpoint {stages[0]}, this run {stages[1]} "
-                   "(ZeRO stage 3 stores the weights themselves partitioned)")
-    if module_only:
-        return out
-    for key in ("zero_stage", "precision"):
-        if saved.get(key) != current.get(key):
-            out.append(f"{_NAMES[key]}: checkpoint {saved.get(key)}, this run {current.get(key)} "
-                       "(the optimizer state is stored differently)")
-    if saved.get("dp") != current.get("dp") and not dp_change_supported(saved, current):
-        out.append(f"{_NAMES['dp']}: checkpoint {saved.get('dp')}, this run {current.get('dp')} "
-                   f"(with ZeRO stage {saved.get('zero_stage')} and {saved.get('precision')} the "
-                   "optimizer state is partitioned by data-parallel rank)")
+    if changes and 3 in stages:
+        out += [f"{c} (ZeRO stage 3 stores the weights themselves partitioned: it loads only "
+                "at the layout that saved it)" for c in changes]
     return out
 
 
-def check_compatible(saved: dict, current: dict, format_version: int, module_only: bool,
-                     where: str) -> None:
+def check_compatible(saved: dict, current: dict, format_version: int, where: str) -> None:
     """Raise CheckpointMismatchError explaining every difference that prevents loading."""
-    found = mismatches(saved, current, format_version, module_only)
+    found = mismatches(saved, current, format_version)
     if not found:
         return
     raise CheckpointMismatchError(
-        f"cannot load checkpoint {where}: it was saved by a run of another layout or shape:\n  - "
-        + "\n  - ".join(found)
-        + "\nLoading across tensor/pipeline-parallel degrees or model shapes (resharding) is not "
-        "supported yet: run with the checkpoint's settings. A different data-parallel size, ZeRO "
-        "stage or precision loads with finetune=true or no_load_optim=true (weights only, fresh "
-        "optimizer).")
+        f"cannot load checkpoint {where}:\n  - " + "\n  - ".join(found)
+        + "\nThe model shape must match the checkpoint's (use its model config). Other parallel "
+        "degrees, ZeRO stages 0-2 and fp32/bf16 are resharded on load; with ZeRO stage 3, run "
+        "with the checkpoint's own layout.")

@@ -5,6 +5,7 @@
         manifest.json                      what is inside and its checksums (manifest.py)
         config.yml                         the resolved run config
         rng/rank_<r>.pt                    random-number-generator states of global rank r
+        shards/rank_<r>.json               which parameters rank r's files hold (shard_index.py)
         mp_rank_*, layer_*, *zero_pp_rank* DeepSpeed's model / optimizer files
     <save>/.staging-global_step<N>/        a save in progress (A20); renamed when complete
     <save>/.replaced-global_step<N>/       a checkpoint being replaced by a re-save of N

@@ -7,8 +7,11 @@
        (split by size over the ranks); the ranks exchange what they found, so they all accept or
        all reject it. A rejected checkpoint is reported loudly, file by file, and the next one
        is tried; when none verifies, NoValidCheckpointError lists what is wrong with each
-    4. the metadata is compared with this run (A23); a mismatch is refused with an explanation
-    5. DeepSpeed loads weights / optimizer / LR schedule; each rank restores its RNG states
+    4. the metadata is compared with this run (A23): another model shape is refused with an
+       explanation; another parallel layout is resharded (reshard.py)
+    5. at the same layout DeepSpeed loads weights / optimizer / LR schedule and each rank
+       restores its RNG states; at another layout, or from a checkpoint written without an
+       engine (tools/ckpts/convert_hf_to_neox.py), every rank reads its part of the full state
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from megatron.checkpointing import collectives, data_position, engine_state, rng
-from megatron.checkpointing.compatibility import check_compatible, describe_run
+from megatron.checkpointing import collectives, data_position, engine_state, reshard, rng
+from megatron.checkpointing.compatibility import check_compatible, describe_run, layout_changes
 from megatron.checkpointing.errors import CorruptFileError, NoValidCheckpointError
 from megatron.checkpointing.layout import (LATEST, read_latest, rng_file, saved_iterations,
                                            tag_for)
@@ -45,7 +48,6 @@ def load_checkpoint(engine, args) -> dict:
     if not candidates:
         log.info("no checkpoint in %s: starting from iteration 0", root)
         return {}
-    weights_only = bool(ck.finetune or ck.no_load_optim)
     current = describe_run(args, engine)
     rejected: list[tuple[str, list[str]]] = []
     for tag in candidates:
@@ -57,12 +59,11 @@ def load_checkpoint(engine, args) -> dict:
             if ck.iteration is not None:
                 break
             continue
-        check_compatible(manifest.run, current, manifest.format_version,
-                         weights_only or not manifest.contents.get("optimizer", True), root / tag)
+        check_compatible(manifest.run, current, manifest.format_version, root / tag)
         if rejected:
             _loud(f"loading {root / tag} instead, the newest checkpoint that verifies "
                   f"(skipped: {', '.join(t for t, _ in rejected)})")
-        return _load(engine, args, root, tag, manifest)
+        return _load(engine, args, root, tag, manifest, layout_changes(manifest.run, current))
     raise NoValidCheckpointError(
         f"no checkpoint in {root} can be loaded:\n"
         + "\n".join(f"  {tag}:\n    - " + "\n    - ".join(p) for tag, p in rejected)
@@ -123,22 +124,45 @@ def verify_checkpoint(directory: Path) -> tuple[Manifest | None, list[str]]:
     return (None if problems else manifest), problems
 
 
-def _load(engine, args, root: Path, tag: str, manifest: Manifest) -> dict:
+def _load(engine, args, root: Path, tag: str, manifest: Manifest, changes: list[str]) -> dict:
     ck = args.checkpoint
     has_optimizer = bool(manifest.contents.get("optimizer", True))
     keep_fresh = bool(ck.finetune or ck.no_load_optim)
     if not has_optimizer and not keep_fresh and collectives.rank() == 0:
-        log.warning("checkpoint %s has no optimizer state (saved with no_save_optim): the "
-                    "optimizer starts fresh", root / tag)
-    engine_state.load_engine_state(engine, root, tag, module_only=bool(ck.finetune),
-                                   load_optimizer=has_optimizer and not keep_fresh,
-                                   load_lr_schedule=not keep_fresh)
-    if not (ck.finetune or ck.no_load_rng):
-        _restore_rng(engine, root / tag, manifest)
+        why = ("saved with no_save_optim" if manifest.contents.get("engine", True)
+               else "written from weights alone")
+        log.warning("checkpoint %s has no optimizer state (%s): the optimizer starts fresh",
+                    root / tag, why)
+    if changes or not manifest.contents.get("engine", True):
+        _load_resharded(engine, args, root / tag, manifest, changes,
+                        load_optimizer=has_optimizer and not keep_fresh)
+    else:
+        engine_state.load_engine_state(engine, root, tag, module_only=bool(ck.finetune),
+                                       load_optimizer=has_optimizer and not keep_fresh,
+                                       load_lr_schedule=not keep_fresh)
+        if not (ck.finetune or ck.no_load_rng):
+            _restore_rng(engine, root / tag, manifest)
     log.info("loaded checkpoint %s (iteration %d)", root / tag, manifest.iteration)
     if ck.finetune:
         return {}
     return data_position.resumed_state(manifest.client_state)
+
+
+def _load_resharded(engine, args, directory: Path, manifest: Manifest, changes: list[str],
+                    load_optimizer: bool) -> None:
+    """Every rank reads the full state and takes its part (reshard.py)."""
+    from megatron.model.activations import GATED
+
+    ck = args.checkpoint
+    gated = args.model.activation in GATED
+    full = reshard.read_full_state(directory, manifest, gated, with_optimizer=load_optimizer)
+    reshard.place_full_state(engine, full, gated, load_optimizer=load_optimizer,
+                             load_lr_schedule=not (ck.finetune or ck.no_load_optim),
+                             load_counters=not ck.finetune)
+    _loud(f"resharded {directory} into this run's layout ("
+          + ("; ".join(changes) or "written without a training engine")
+          + "): " + ("weights, optimizer state" if full.has_optimizer and load_optimizer
+                     else "weights") + " loaded; random generators keep their seeded state")
 
 
 def _restore_rng(engine, directory: Path, manifest: Manifest) -> None:

@@ -20,7 +20,8 @@ import shutil
 import traceback
 from pathlib import Path
 
-from megatron.checkpointing import collectives, data_position, engine_state, faults, rng
+from megatron.checkpointing import (collectives, data_position, engine_state, faults, rng,
+                                    shard_index)
 from megatron.checkpointing.compatibility import describe_run
 from megatron.checkpointing.durable import (fsync_dir, free_bytes, rename, replace_text,
                                             sha256_file, write_bytes)
@@ -123,7 +124,8 @@ def _previous_size(root: Path) -> int:
 
 def _write_rank_files(engine, args, root: Path, staging: str, state: dict, iteration: int,
                       rank: int):
-    """This rank's DeepSpeed files and RNG file, in staging: (records, first error or None)."""
+    """This rank's DeepSpeed files, RNG file and shard index, in staging: (records, first error
+    or None)."""
     ck = args.checkpoint
 
     def before_write(path: Path) -> None:
@@ -139,6 +141,14 @@ def _write_rank_files(engine, args, root: Path, staging: str, state: dict, itera
             records[rng_file(rank)] = rng.save(target, rng_file(rank), _tp_rng(engine))
         except OSError as err:
             error = f"writing {target / rng_file(rank)}: {err}"
+    if error is None:
+        target = root / staging
+        index = shard_index.describe(engine, root, staging, not ck.no_save_optim)
+        try:
+            before_write(target / shard_index.index_file(rank))
+            records[shard_index.index_file(rank)] = shard_index.save(target, index)
+        except OSError as err:
+            error = f"writing {target / shard_index.index_file(rank)}: {err}"
     return records, error
 
 

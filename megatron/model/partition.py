@@ -63,13 +63,27 @@ def canonical_from_module(state_dict: dict[str, torch.Tensor]) -> dict[str, torc
     return out
 
 
-def shard_canonical(full: dict[str, torch.Tensor], tp, gated_mlp: bool) -> dict[str, torch.Tensor]:
-    """A `GPTModel` state dict for tensor-parallel view `tp` from canonical full tensors."""
+def canonical_param_name(module_name: str) -> str:
+    """The canonical name of a parameter of the plain model (`layers.<i>.<path>`) or of a
+    DeepSpeed PipelineModule (`<i>.<path>`, the tied embedding `tied_modules.embed.<path>`)."""
+    match = re.match(r"^(?:layers\.)?(\d+)\.(.+)$", module_name)
+    if match is not None:
+        return f"{int(match.group(1))}.{match.group(2)}"
+    match = re.match(r"^tied_modules\.embed\.(.+)$", module_name)
+    if match is None:
+        raise ValueError(f"parameter {module_name} is not part of the GPT model's layer specs")
+    return f"0.{match.group(1)}"
+
+
+def local_shard(full: torch.Tensor, name: str, tp, gated_mlp: bool) -> torch.Tensor:
+    """Tensor-parallel view `tp`'s part of the canonical tensor `name` (replicated: itself)."""
     from megatron.mpu.layers import shard
 
-    out = {}
-    for name, tensor in full.items():
-        layer, path = name.split(".", 1)
-        spec = split_of(path, gated_mlp)
-        out[f"layers.{layer}.{path}"] = tensor if spec is None else shard(tensor, spec[0], tp, spec[1])
-    return out
+    spec = split_of(name.split(".", 1)[1], gated_mlp)
+    return full if spec is None else shard(full, spec[0], tp, spec[1])
+
+
+def shard_canonical(full: dict[str, torch.Tensor], tp, gated_mlp: bool) -> dict[str, torch.Tensor]:
+    """A `GPTModel` state dict for tensor-parallel view `tp` from canonical full tensors."""
+    return {f"layers.{name}": local_shard(tensor, name, tp, gated_mlp)
+            for name, tensor in full.items()}

@@ -1,0 +1,215 @@
+"""Loading a checkpoint into another parallel layout: tensor, pipeline and data-parallel
+degrees, ZeRO stage (0-2) and fp32/bf16 may all differ from the run that saved it.
+
+    1. read: the saved files become full, layout-free state (FullState): canonical weights
+       (`<layer>.<path>`, see megatron.model.partition), and per canonical name the fp32
+       master copy and Adam's moments merged over the saved tensor-parallel shards and
+       data-parallel partitions (each rank's shards/rank_<r>.json says what its files hold);
+       the step count, LR schedule and engine counters
+    2. place: every rank copies its own part into its engine: the weights into the module's
+       parameters, the moments into the torch optimizer's state or into its fragment of the
+       bf16/ZeRO flat fp32 buffers (DeepSpeed's per-parameter `_hp_mapping`)
+Nothing is communicated: every rank reads what it needs from the files. Random generator
+states are per rank of the old layout and are not carried over (they only drive dropout).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from megatron.checkpointing import shard_index
+from megatron.checkpointing.durable import load_torch
+from megatron.checkpointing.errors import CheckpointMismatchError
+from megatron.checkpointing.manifest import Manifest
+from megatron.checkpointing.weights import full_weights
+from megatron.model.partition import canonical_param_name, local_shard, merge_tensor_parallel
+from megatron.monitoring.logger import get_logger
+
+log = get_logger(__name__)
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+@dataclass
+class FullState:
+    """A checkpoint's state with no trace of the layout that wrote it."""
+
+    weights: dict[str, torch.Tensor]
+    master: dict[str, torch.Tensor] = field(default_factory=dict)  # fp32 copies (bf16, ZeRO)
+    moments: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    step: torch.Tensor | None = None
+    lr_scheduler: dict | None = None
+    counters: dict = field(default_factory=dict)
+
+    @property
+    def has_optimizer(self) -> bool:
+        return bool(self.moments)
+
+
+def read_full_state(step_dir: Path, manifest: Manifest, gated_mlp: bool,
+                    with_optimizer: bool) -> FullState:
+    """The layout-free state of the checkpoint in `step_dir` (already verified)."""
+    tp = int(manifest.run.get("tp") or 1)
+    state = FullState(weights=full_weights(step_dir, tp, gated_mlp))
+    indexes = shard_index.load_all(step_dir, manifest.files)
+    writers = [i for i in indexes if i["data"] == 0]
+    if writers:
+        model_file = load_torch(step_dir / min(writers, key=lambda i: i["rank"])["model_file"])
+        state.lr_scheduler = model_file.get("lr_scheduler")
+        state.counters = {k: model_file[k] for k in ("global_steps", "global_samples",
+                                                      "skipped_steps") if k in model_file}
+    if not with_optimizer:
+        return state
+    if not indexes:
+        raise CheckpointMismatchError(
+            f"cannot load the optimizer state of {step_dir} into another parallel layout: the "
+            f"checkpoint has no {shard_index.INDEX_DIR}/ index (it was written by an older "
+            "version). Load it with the layout that saved it, or with no_load_optim=true")
+    shards: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    for index in writers:
+        for name, values in _rank_optimizer_state(step_dir, index, indexes, state):
+            shards.setdefault(name, {}).setdefault(index["model"], values)
+    for name, per_rank in shards.items():
+        merged = _merge(name, [per_rank[r] for r in range(tp)], gated_mlp)
+        if "master" in merged:
+            state.master[name] = merged.pop("master")
+        state.moments[name] = merged
+    return state
+
+
+def _merge(name: str, per_rank: list[dict[str, torch.Tensor]], gated_mlp: bool
+           ) -> dict[str, torch.Tensor]:
+    """One parameter's optimizer tensors merged over tensor-parallel ranks (rank 0's copy for
+    a replicated parameter)."""
+    layer, path = name.split(".", 1)
+    out = {}
+    for key in per_rank[0]:
+        parts = [{path: r[key]} for r in per_rank]
+        try:
+            out[key] = merge_tensor_parallel(parts, gated_mlp)[path]
+        except ValueError:  # replicated state that drifted in the last bits between ranks
+            out[key] = per_rank[0][key]
+    return out
+
+
+def _rank_optimizer_state(step_dir: Path, index: dict, indexes: list[dict], state: FullState):
+    """(canonical name, {"exp_avg", "exp_avg_sq"[, "master"]}) of one model-parallel rank."""
+    if index["optimizer"] == "torch":
+        saved = load_torch(step_dir / index["model_file"])["optimizer"]
+        for group, saved_group in zip(index["groups"], saved["param_groups"]):
+            for (name, _), idx in zip(group, saved_group["params"]):
+                values = saved["state"].get(idx, {})
+                if state.step is None and "step" in values:
+                    state.step = _as_step(values["step"])
+                if all(k in values for k in MOMENTS):
+                    yield name, {k: values[k] for k in MOMENTS}
+    elif index["optimizer"] == "flat":
+        yield from _flat_state(step_dir, index, indexes, state)
+    else:
+        raise CheckpointMismatchError(
+            f"cannot reshard the optimizer state of {step_dir}: rank {index['rank']} saved "
+            f"{'none' if index['optimizer'] == 'none' else 'a ZeRO stage 3 partition'}. Load it "
+            "with the layout that saved it, or with no_load_optim=true")
+
+
+def _flat_state(step_dir: Path, index: dict, indexes: list[dict], state: FullState):
+    """Slices of the fp32 buffers of a bf16/ZeRO 1-2 optimizer, concatenated over the
+    data-parallel ranks of this (pipeline, tensor) position."""
+    same = sorted((i for i in indexes if (i["pipe"], i["model"]) == (index["pipe"], index["model"])),
+                  key=lambda i: i["data"])
+    parts = [load_torch(step_dir / i["optimizer_file"])["optimizer_state_dict"] for i in same]
+    for g, group in enumerate(index["groups"]):
+        per_key = {"master": torch.cat([p["single_partition_of_fp32_groups"][g] for p in parts])}
+        group_states = [_group_state(p["base_optimizer_state"], g) for p in parts]
+        if state.step is None and "step" in group_states[0]:
+            state.step = _as_step(group_states[0]["step"])
+        for key in MOMENTS:
+            per_key[key] = torch.cat([s[key] for s in group_states])
+        offset = 0
+        for name, shape in group:
+            numel = int(torch.Size(shape).numel())
+            yield name, {k: v[offset:offset + numel].view(shape) for k, v in per_key.items()}
+            offset += numel
+        if offset > per_key["master"].numel():
+            raise CheckpointMismatchError(
+                f"{step_dir}: the optimizer files of pipeline stage {index['pipe']}, tensor rank "
+                f"{index['model']} hold {per_key['master'].numel()} values in group {g}, fewer "
+                f"than its parameters' {offset}: the files do not match their index")
+
+
+def _as_step(value) -> torch.Tensor:
+    """Adam's step count as torch keeps it (a float32 scalar tensor)."""
+    return torch.as_tensor(value, dtype=torch.float32).detach().clone()
+
+
+def _group_state(base: dict | list, g: int) -> dict:
+    """Group g's state in DeepSpeed's saved base optimizer (a list per group for ZeRO, a torch
+    state dict with one flat parameter per group for the bf16 optimizer)."""
+    return base[g] if isinstance(base, list) else base["state"][g]
+
+
+def place_full_state(engine, full: FullState, gated_mlp: bool, load_optimizer: bool,
+                     load_lr_schedule: bool, load_counters: bool) -> None:
+    """Copy this rank's part of `full` into the engine (weights always)."""
+    ds = engine.engine
+    params = [(canonical_param_name(n), p) for n, p in ds.module.named_parameters()]
+    missing = sorted({name for name, _ in params} - set(full.weights))
+    if missing:
+        raise CheckpointMismatchError(f"the checkpoint has no weights for {', '.join(missing)}")
+    with torch.no_grad():
+        for name, p in params:
+            p.copy_(local_shard(full.weights[name], name, engine.tp, gated_mlp))
+    kind = shard_index.optimizer_kind(ds.optimizer)
+    with_moments = load_optimizer and full.has_optimizer
+    if kind == "flat":
+        _place_flat(ds.optimizer, params, full, engine.tp, gated_mlp, with_moments)
+    elif kind == "torch" and with_moments:
+        _place_torch(ds.optimizer, params, full, engine.tp, gated_mlp)
+    if load_lr_schedule and full.lr_scheduler is not None and ds.lr_scheduler is not None:
+        ds.lr_scheduler.load_state_dict(full.lr_scheduler)
+    if load_counters:
+        for key, value in full.counters.items():
+            setattr(ds, key, value)
+
+
+def _place_torch(optimizer, params, full: FullState, tp, gated_mlp: bool) -> None:
+    for name, p in params:
+        state = optimizer.state[p]
+        state["step"] = full.step.clone()
+        for key in MOMENTS:
+            state[key] = local_shard(full.moments[name][key], name, tp, gated_mlp).to(p.dtype).clone()
+
+
+def _place_flat(optimizer, params, full: FullState, tp, gated_mlp: bool, with_moments: bool):
+    """Each parameter's fragment of this rank's fp32 partition: the master copy (from the
+    saved one, or from the weights when there is none) and, with `with_moments`, the moments."""
+    base = optimizer.optimizer
+    for name, p in params:
+        mapping = getattr(p, "_hp_mapping", None)
+        if mapping is None:
+            continue  # none of this parameter lies in this data-parallel rank's partition
+        lp, hp = mapping.lp_fragment_address, mapping.hp_fragment_address
+        master = full.master.get(name, full.weights[name])
+        values = {"master": master, **(full.moments[name] if with_moments else {})}
+        flat_param = base.param_groups[mapping.param_group_index]["params"][0]
+        for key, value in values.items():
+            part = local_shard(value, name, tp, gated_mlp).flatten().narrow(0, lp.start, lp.numel)
+            if key == "master":
+                mapping.hp_fragment.data.copy_(part)
+                continue
+            target = _flat_state_tensor(base, flat_param, key, full.step)
+            target.narrow(0, hp.start, hp.numel).copy_(part)
+
+
+def _flat_state_tensor(base, flat_param: torch.Tensor, key: str, step) -> torch.Tensor:
+    """The base optimizer's `key` buffer for a flat fp32 partition, created (zeros, with the
+    saved step) when the optimizer has not stepped yet."""
+    state = base.state[flat_param]
+    if key not in state:
+        state[key] = torch.zeros_like(flat_param)
+    if step is not None:
+        state["step"] = step.clone()
+    return state[key]

@@ -1,0 +1,128 @@
+"""Loading a checkpoint into another parallel layout (reshard.py) on real DeepSpeed engines.
+
+Each scenario trains at layout A and saves, then a second set of worker processes builds
+layout B, loads (resharding), evaluates the loss of a fixed batch, saves again at once and
+trains on. The full state read back from both checkpoints must be bitwise identical (weights,
+fp32 master copies, Adam moments, step, LR schedule): nothing is lost or reordered. The loss of
+the fixed batch and the continued training match layout A's own continuation up to the
+summation-order differences of other tensor-parallel splits.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.distributed import run_distributed
+
+STEPS_BEFORE, STEPS_AFTER = 2, 3
+
+# ---- run inside the worker processes ------------------------------------------------------
+
+
+def _layout(tp: int, pp: int, **extra) -> dict:
+    return {"model_parallel_size": tp, "pipe_parallel_size": pp, **extra}
+
+
+def _fixed_batch(args):
+    from megatron.training.batch import BatchOptions, model_inputs
+
+    gen = torch.Generator().manual_seed(999)
+    b, s = args.derived.train_micro_batch_size_per_gpu, args.model.seq_length
+    return model_inputs({"text": torch.randint(0, 256, (b, s + 1), generator=gen)},
+                        BatchOptions(eod_token=0))
+
+
+def _scenario(rank, world, run_dir, layout, load_from, save_to, steps_after):
+    """Build `layout`, load `load_from` (if any), record the fixed batch's loss, save to
+    `save_to`, train `steps_after` steps continuing the data stream; returns (eval loss,
+    losses, warnings)."""
+    from megatron.checkpointing import load_checkpoint, save_checkpoint
+    from megatron.training.step import eval_step
+    from tests.checkpointing import engines
+
+    warnings: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logging.getLogger("megatron").addHandler(handler)
+    args = engines.make_args(Path(run_dir), hidden_dropout=0.0, save=str(save_to),
+                             load=str(load_from) if load_from else None, **layout)
+    engine = engines.build(args)
+    before = 0
+    if load_from is None:
+        engines.train(engine, args, STEPS_BEFORE)
+    else:
+        before = load_checkpoint(engine, args)["iteration"]
+    loss = eval_step(engine, iter([_fixed_batch(args)] * 8))
+    save_checkpoint(engine, args, STEPS_BEFORE, {"consumed_train_samples": 0})
+    import torch.distributed as dist
+
+    data = engines.batches(0, args, engine.topology.coords(dist.get_rank()).data)
+    for _ in itertools.islice(data, STEPS_BEFORE):
+        pass  # the batches layout A trained on before saving
+    from megatron.training.step import train_step
+
+    losses = [train_step(engine, data) for _ in range(steps_after)]
+    return loss, losses, warnings, before
+
+
+# ---- the tests --------------------------------------------------------------------------
+
+
+def full_state(directory: Path, gated: bool = False):
+    from megatron.checkpointing.layout import read_latest
+    from megatron.checkpointing.manifest import read_manifest
+    from megatron.checkpointing.reshard import read_full_state
+
+    step = directory / read_latest(directory)
+    return read_full_state(step, read_manifest(step), gated, with_optimizer=True)
+
+
+def assert_same_state(a, b):
+    assert a.weights.keys() == b.weights.keys()
+    for name in a.weights:
+        assert torch.equal(a.weights[name], b.weights[name]), name
+    assert a.moments.keys() == b.moments.keys() == a.weights.keys()
+    for name in a.moments:
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(a.moments[name][key], b.moments[name][key]), (name, key)
+    for name in a.master.keys() & b.master.keys():
+        assert torch.equal(a.master[name], b.master[name]), name
+    assert float(a.step) == float(b.step) == STEPS_BEFORE
+    assert a.lr_scheduler == b.lr_scheduler and a.counters == b.counters
+
+
+CASES = {
+    # saved layout (world), loaded layout (world), loss tolerance
+    "tp2xpp2_to_tp1xpp1": ((4, _layout(2, 2)), (1, _layout(1, 1)), 2e-5),
+    "tp1_to_tp2_bf16": ((1, _layout(1, 1, bf16={"enabled": True})),
+                        (2, _layout(2, 1, bf16={"enabled": True})), 2e-2),
+    "pp2_tied_to_pp1_zero1_dp2": ((2, _layout(1, 2, no_weight_tying=False)),
+                                  (2, _layout(1, 1, no_weight_tying=False,
+                                              zero_optimization={"stage": 1})), 2e-5),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_checkpoint_loads_into_another_layout_and_training_continues(case, tmp_path):
+    (world_a, layout_a), (world_b, layout_b), tol = CASES[case]
+    saved, resaved = tmp_path / "a", tmp_path / "b"
+    same_data = world_a // (layout_a["model_parallel_size"] * max(1, layout_a[
+        "pipe_parallel_size"])) == world_b // (layout_b["model_parallel_size"] * max(
+            1, layout_b["pipe_parallel_size"]))
+    ref = run_distributed(_scenario, world_a, str(tmp_path), layout_a, None, saved, STEPS_AFTER)
+    out = run_distributed(_scenario, world_b, str(tmp_path), layout_b, saved, resaved,
+                          STEPS_AFTER)
+    (ref_eval, ref_losses, _, _), (got_eval, got_losses, warnings, iteration) = ref[0], out[0]
+    assert iteration == STEPS_BEFORE
+    assert any(w.startswith(f"resharded {saved / 'global_step2'} into this run's layout")
+               and "weights, optimizer state loaded" in w for w in warnings), warnings
+    assert_same_state(full_state(saved), full_state(resaved))
+    assert abs(got_eval - ref_eval) < tol * abs(ref_eval)
+    if same_data:  # the same batches: the continued losses track layout A's own
+        assert got_losses == pytest.approx(ref_losses, rel=tol)
+    assert all(torch.isfinite(torch.tensor(got_losses)))
