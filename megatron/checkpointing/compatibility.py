@@ -53,11 +53,12 @@ def dp_change_supported(saved: dict, current: dict) -> bool:
 
 def layout_changes(saved: dict, current: dict) -> list[str]:
     """`name: checkpoint X, this run Y` for each layout setting that differs (a data-parallel
-    change DeepSpeed loads by itself, ZeRO 0 in fp32, is not one)."""
+    change DeepSpeed loads by itself, ZeRO 0 in fp32, is not one; nor is a setting the
+    checkpoint does not record, as in one written from weights alone)."""
     out = []
     for key in ("tp", "pipe_parallel_size", "zero_stage", "precision", "dp"):
         a, b = saved.get(key), current.get(key)
-        if a == b or (key == "dp" and dp_change_supported(saved, current)):
+        if a is None or a == b or (key == "dp" and dp_change_supported(saved, current)):
             continue
         out.append(f"{_NAMES[key]}: checkpoint {a}, this run {b}")
     return out

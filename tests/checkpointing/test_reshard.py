@@ -10,6 +10,7 @@ summation-order differences of other tensor-parallel splits.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from pathlib import Path
@@ -126,3 +127,45 @@ def test_a_checkpoint_loads_into_another_layout_and_training_continues(case, tmp
     if same_data:  # the same batches: the continued losses track layout A's own
         assert got_losses == pytest.approx(ref_losses, rel=tol)
     assert all(torch.isfinite(torch.tensor(got_losses)))
+
+
+def _weights_only(rank, world, run_dir):
+    """A weights-only checkpoint (as convert_hf_to_neox.py writes, split for tp=2) loaded by a
+    pipeline-parallel run: (every local parameter equals its part of the written weights,
+    optimizer entries, iteration, warnings)."""
+    import torch.distributed as dist
+
+    from megatron.checkpointing import load_checkpoint
+    from megatron.checkpointing.weights_only import write_weights_checkpoint
+    from megatron.model.config import model_config_from_args
+    from megatron.model.gpt import GPTModel
+    from megatron.model.partition import canonical_from_module, canonical_param_name
+    from tests.checkpointing import engines
+
+    warnings: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logging.getLogger("megatron").addHandler(handler)
+    args = engines.make_args(Path(run_dir), pipe_parallel_size=2, load=str(Path(run_dir) / "w"))
+    engine = engines.build(args)
+    config = model_config_from_args(args, engines.VOCAB)
+    canonical = canonical_from_module(GPTModel(dataclasses.replace(config, seed=99)).state_dict())
+    if rank == 0:
+        written_by = engines.make_args(Path(run_dir), pipe_parallel_size=1, model_parallel_size=2)
+        write_weights_checkpoint(Path(run_dir) / "w", 7, canonical, written_by, tp=2)
+    dist.barrier()
+    resumed = load_checkpoint(engine, args)
+    same = [torch.equal(p, canonical[canonical_param_name(n)])
+            for n, p in engine.engine.module.named_parameters()]
+    return all(same) and len(same) > 0, len(engine.engine.optimizer.state), resumed, warnings
+
+
+def test_a_weights_only_checkpoint_loads_into_any_layout_with_a_fresh_optimizer(tmp_path):
+    results = run_distributed(_weights_only, 2, str(tmp_path))
+    for same, optimizer_entries, resumed, _ in results:
+        assert same and optimizer_entries == 0 and resumed == {"iteration": 7}
+    warnings = results[0][3]  # rank 0 logs for all
+    assert any("has no optimizer state (written from weights alone)" in w for w in warnings)
+    assert any("model_parallel_size (tp): checkpoint 2, this run 1" in w
+               and w.endswith("): weights loaded; random generators keep their seeded state")
+               for w in warnings), "\n".join(warnings)
