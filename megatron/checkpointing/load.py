@@ -155,7 +155,8 @@ def _load_resharded(engine, args, directory: Path, manifest: Manifest, changes: 
 
     ck = args.checkpoint
     gated = args.model.activation in GATED
-    full = reshard.read_full_state(directory, manifest, gated, with_optimizer=load_optimizer)
+    wanted = reshard.local_names(engine)
+    full = reshard.read_full_state(directory, manifest, gated, load_optimizer, wanted)
     reshard.place_full_state(engine, full, gated, load_optimizer=load_optimizer,
                              load_lr_schedule=not (ck.finetune or ck.no_load_optim),
                              load_counters=not ck.finetune)

@@ -9,7 +9,8 @@ degrees, ZeRO stage (0-2) and fp32/bf16 may all differ from the run that saved i
     2. place: every rank copies its own part into its engine: the weights into the module's
        parameters, the moments into the torch optimizer's state or into its fragment of the
        bf16/ZeRO flat fp32 buffers (DeepSpeed's per-parameter `_hp_mapping`)
-Nothing is communicated: every rank reads what it needs from the files. Random generator
+Nothing is communicated: every rank reads the files of the layers it holds (all their
+tensor-parallel shards and data-parallel partitions). Random generator
 states are per rank of the old layout and are not carried over (they only drive dropout).
 """
 
@@ -49,11 +50,13 @@ class FullState:
         return bool(self.moments)
 
 
-def read_full_state(step_dir: Path, manifest: Manifest, gated_mlp: bool,
-                    with_optimizer: bool) -> FullState:
-    """The layout-free state of the checkpoint in `step_dir` (already verified)."""
+def read_full_state(step_dir: Path, manifest: Manifest, gated_mlp: bool, with_optimizer: bool,
+                    wanted: set[str] | None = None) -> FullState:
+    """The layout-free state of the checkpoint in `step_dir` (already verified); with
+    `wanted` (canonical names), only the files holding those parameters are read."""
     tp = int(manifest.run.get("tp") or 1)
-    state = FullState(weights=full_weights(step_dir, tp, gated_mlp))
+    layers = None if wanted is None else {int(n.split(".", 1)[0]) for n in wanted}
+    state = FullState(weights=full_weights(step_dir, tp, gated_mlp, layers))
     indexes = shard_index.load_all(step_dir, manifest.files)
     writers = [i for i in indexes if i["data"] == 0]
     if writers:
@@ -70,8 +73,12 @@ def read_full_state(step_dir: Path, manifest: Manifest, gated_mlp: bool,
             "version). Load it with the layout that saved it, or with no_load_optim=true")
     shards: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
     for index in writers:
+        held = {name for group in index["groups"] for name, _ in group}
+        if wanted is not None and not held & wanted:
+            continue  # another pipeline stage's files
         for name, values in _rank_optimizer_state(step_dir, index, indexes, state):
-            shards.setdefault(name, {}).setdefault(index["model"], values)
+            if wanted is None or name in wanted:
+                shards.setdefault(name, {}).setdefault(index["model"], values)
     for name, per_rank in shards.items():
         merged = _merge(name, [per_rank[r] for r in range(tp)], gated_mlp)
         if "master" in merged:
@@ -149,6 +156,11 @@ def _group_state(base: dict | list, g: int) -> dict:
     """Group g's state in DeepSpeed's saved base optimizer (a list per group for ZeRO, a torch
     state dict with one flat parameter per group for the bf16 optimizer)."""
     return base[g] if isinstance(base, list) else base["state"][g]
+
+
+def local_names(engine) -> set[str]:
+    """Canonical names of the parameters this rank's engine holds."""
+    return {canonical_param_name(n) for n, _ in engine.engine.module.named_parameters()}
 
 
 def place_full_state(engine, full: FullState, gated_mlp: bool, load_optimizer: bool,

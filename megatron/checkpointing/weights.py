@@ -14,10 +14,13 @@ import torch
 from megatron.model.partition import canonical_from_module, merge_tensor_parallel
 
 
-def full_weights(step_dir: Path, tp: int, gated_mlp: bool = False) -> dict[str, torch.Tensor]:
-    """Canonical full state of the checkpoint in `step_dir` (any tp/pp; ZeRO-3 included)."""
+def full_weights(step_dir: Path, tp: int, gated_mlp: bool = False,
+                 layers: set[int] | None = None) -> dict[str, torch.Tensor]:
+    """Canonical full state of the checkpoint in `step_dir` (any tp/pp; ZeRO-3 included);
+    with `layers`, pipeline checkpoints read only those layers' files."""
     layer_files = sorted(step_dir.glob("layer_*-model_*-model_states.pt"))
     if layer_files:
+        layer_files = [f for f in layer_files if layers is None or _layer_of(f) in layers]
         by_layer: dict[int, dict[int, dict]] = {}
         for f in layer_files:
             layer, rank = map(int, re.match(r"layer_(\d+)-model_(\d+)", f.name).groups())
@@ -41,6 +44,10 @@ def full_weights(step_dir: Path, tp: int, gated_mlp: bool = False) -> dict[str, 
         merged = merge_tensor_parallel([{path: m[name]} for m in modules], gated_mlp)
         out[name] = merged[path]
     return out
+
+
+def _layer_of(path: Path) -> int:
+    return int(re.match(r"layer_(\d+)-", path.name).group(1))
 
 
 def _is_zero3(step_dir: Path) -> bool:
