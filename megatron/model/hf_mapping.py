@@ -1,101 +1,198 @@
-"""Our canonical weights + ModelConfig as Hugging Face's GPTNeoX (config and state dict).
+"""Our canonical weights + ModelConfig as a Hugging Face causal LM and back: the registry of the
+architectures HF can hold (GPTNeoX, Llama) and the dispatch between them.
 
-    model = to_hf_model(canonical, config)            # a GPTNeoXForCausalLM in eval mode
-    hf_cfg = hf_config(config); sd = hf_state_dict(canonical, config, head="lm_head.weight")
+    name = architecture_for(config)                      # "neox" or "llama" (ValueError: why not)
+    model = to_hf_model(canonical, config)               # GPTNeoXForCausalLM / LlamaForCausalLM
+    hf_cfg = hf_config(config); sd = hf_state_dict(canonical, config)
+    canonical, config = canonical_from_hf(state_dict, hf_cfg)           # the inverse
+    name, config = hf_model_config(hf_cfg)                              # config only
 
-The mapping is name for name; only architectures HF's GPTNeoX can express are accepted:
-- attention: our QKV rows are laid out per KV group as [q_per_kv queries, 1 key, 1 value] x
-  head_dim, which with num_kv_heads == num_attention_heads is HF's [heads, 3, head_dim];
-- rotary: both rotate-half on the first int(head_dim * rotary_pct) channels of each head;
-- gpt_j_residual <-> use_parallel_residual (gpt_j_tied has no HF equivalent);
-- layernorm with biases, a plain (non-gated) activation, biases in the MLP;
-- tied_embeddings <-> tie_word_embeddings; vocab_size is our padded vocabulary.
-Anything else is refused with the list of what differs. Needs `transformers`
+One module per architecture (hf_neox.py, hf_llama.py) says what corresponds to what and lists
+what its HF class cannot express. HF's vocab_size is our padded vocabulary (the rows the model
+embeds), so the logits match column for column. Needs `transformers`
 (requirements/requirements-hf.txt).
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+
 import torch
 
 from megatron.model.config import ModelConfig
 
-_HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "silu": "silu"}
+ARCHITECTURES = {"neox": "megatron.model.hf_neox", "llama": "megatron.model.hf_llama"}
+HF_CLASSES = {"neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM"}
+_TITLES = {"neox": "GPTNeoX", "llama": "Llama"}
 
 
-def unsupported(config: ModelConfig) -> list[str]:
-    """Reasons HF's GPTNeoX cannot hold this model (empty when it can)."""
-    c, out = config, []
-    if c.pos_emb != "rotary":
-        out.append(f"pos_emb {c.pos_emb!r} (GPTNeoX has rotary only)")
-    if c.num_kv_heads != c.num_attention_heads:
-        out.append(f"num_kv_heads {c.num_kv_heads} != num_attention_heads "
-                   f"{c.num_attention_heads} (GPTNeoX has no grouped-query attention)")
-    if c.norm != "layernorm" or not c.use_bias_in_norms:
-        out.append(f"norm {c.norm!r} with bias {c.use_bias_in_norms} (GPTNeoX: LayerNorm, bias)")
-    if c.activation not in _HF_ACTIVATIONS:
-        out.append(f"activation {c.activation!r} (supported: {', '.join(_HF_ACTIVATIONS)})")
-    if not c.use_bias_in_mlp:
-        out.append("use_bias_in_mlp false (GPTNeoX's MLP has biases)")
-    if c.gpt_j_tied:
-        out.append("gpt_j_tied (GPTNeoX has a separate post-attention norm)")
-    if any(t != "global" for t in c.attention_types):
-        out.append(f"attention types {sorted(set(c.attention_types))} (GPTNeoX: global only)")
-    return out
+def mapping_module(name: str):
+    """The mapping module registered as `name`; an unknown name lists the valid ones."""
+    if name not in ARCHITECTURES:
+        raise ValueError(f"unknown Hugging Face architecture {name!r}; valid: auto, "
+                         f"{', '.join(ARCHITECTURES)}")
+    return importlib.import_module(ARCHITECTURES[name])
 
 
-def hf_config(config: ModelConfig, eos_token_id: int | None = None, **extra):
-    """A `GPTNeoXConfig` describing the same model as `config`."""
-    from transformers import GPTNeoXConfig
+def unsupported(config: ModelConfig, name: str = "neox") -> list[str]:
+    """Reasons the HF architecture `name` cannot hold this model (empty when it can)."""
+    module, title, out = mapping_module(name), _TITLES.get(name, name), []
+    if config.pos_emb != "rotary":
+        out.append(f"pos_emb {config.pos_emb!r} ({title} has rotary only)")
+    if any(t != "global" for t in config.attention_types):
+        out.append(f"attention types {sorted(set(config.attention_types))} ({title}: global "
+                   "only)")
+    return out + module.unsupported(config)
 
-    problems = unsupported(config)
-    if problems:
-        raise ValueError("this model cannot be expressed as Hugging Face GPTNeoX: "
-                         + "; ".join(problems))
+
+def architecture_for(config: ModelConfig, name: str = "auto") -> str:
+    """`name` if it holds the model, or with "auto" the first architecture that does;
+    ValueError naming what each candidate cannot express."""
+    candidates = list(ARCHITECTURES) if name == "auto" else [name]
+    reasons = {}
+    for candidate in candidates:
+        reasons[candidate] = unsupported(config, candidate)
+        if not reasons[candidate]:
+            return candidate
+    if name != "auto":
+        raise ValueError(f"this model cannot be expressed as Hugging Face {_TITLES[name]}: "
+                         + "; ".join(reasons[name]))
+    raise ValueError("this model cannot be expressed as any Hugging Face architecture we map: "
+                     + " | ".join(f"{_TITLES[n]}: " + "; ".join(r) for n, r in reasons.items()))
+
+
+def hf_config(config: ModelConfig, eos_token_id: int | None = None, architecture: str = "auto",
+              **extra):
+    """The HF config (GPTNeoXConfig / LlamaConfig) describing the same model; bos and eos are
+    `eos_token_id` (GPT-NeoX's end-of-document token), `extra` goes to the config."""
+    name = architecture_for(config, architecture)
     c = config
-    return GPTNeoXConfig(
-        vocab_size=c.padded_vocab_size, hidden_size=c.hidden_size,
-        num_hidden_layers=c.num_layers, num_attention_heads=c.num_attention_heads,
-        intermediate_size=c.intermediate_size, hidden_act=_HF_ACTIVATIONS[c.activation],
-        rotary_pct=c.rotary_pct, rotary_emb_base=c.rotary_emb_base,
-        max_position_embeddings=c.max_position_embeddings, layer_norm_eps=c.norm_epsilon,
-        use_parallel_residual=c.gpt_j_residual, tie_word_embeddings=c.tied_embeddings,
-        attention_bias=c.use_bias_in_attn_linear, attention_dropout=0.0, hidden_dropout=0.0,
-        bos_token_id=eos_token_id, eos_token_id=eos_token_id, **extra)
+    shared = dict(vocab_size=c.padded_vocab_size, hidden_size=c.hidden_size,
+                  num_hidden_layers=c.num_layers, num_attention_heads=c.num_attention_heads,
+                  intermediate_size=c.intermediate_size,
+                  max_position_embeddings=c.max_position_embeddings,
+                  tie_word_embeddings=c.tied_embeddings, attention_bias=c.use_bias_in_attn_linear,
+                  attention_dropout=0.0, bos_token_id=eos_token_id, eos_token_id=eos_token_id)
+    return mapping_module(name).hf_config(config, **{**shared, **extra})
 
 
 def hf_state_dict(canonical: dict[str, torch.Tensor], config: ModelConfig,
-                  head: str = "lm_head.weight") -> dict[str, torch.Tensor]:
-    """HF GPTNeoXForCausalLM tensor names -> tensors; `head` is the LM head's name in the
-    installed transformers (`embed_out.weight` before 5.0, `lm_head.weight` since)."""
-    L = config.num_layers
-    out = {"gpt_neox.embed_in.weight": canonical["0.word_embeddings.weight"]}
-    for i in range(L):
-        for name, tensor in canonical.items():
-            layer, path = name.split(".", 1)
-            if int(layer) == i + 1:
-                out[f"gpt_neox.layers.{i}.{path}"] = tensor
-    out["gpt_neox.final_layer_norm.weight"] = canonical[f"{L + 1}.norm.weight"]
-    out["gpt_neox.final_layer_norm.bias"] = canonical[f"{L + 1}.norm.bias"]
-    out[head] = canonical[f"{L + 2}.weight"] if not config.tied_embeddings else out[
-        "gpt_neox.embed_in.weight"]
+                  architecture: str = "auto", head: str = "lm_head.weight"
+                  ) -> dict[str, torch.Tensor]:
+    """HF tensor names -> tensors; `head` is the LM head's name in the installed transformers
+    (GPTNeoX's was `embed_out.weight` before 5.0)."""
+    name = architecture_for(config, architecture)
+    out = mapping_module(name).hf_state_dict(canonical, config)
+    out[head] = out.pop("lm_head.weight")
     return out
 
 
-def to_hf_model(canonical: dict[str, torch.Tensor], config: ModelConfig,
-                eos_token_id: int | None = None, attn_implementation: str = "sdpa"):
-    """A `GPTNeoXForCausalLM` in eval mode holding the same weights (fp32 copies)."""
-    from transformers import GPTNeoXForCausalLM
+@contextlib.contextmanager
+def _no_random_init():
+    """Skip HF's random initialisation of weights that are overwritten right after."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # transformers < 5
+        from transformers.modeling_utils import no_init_weights
+    with no_init_weights():
+        yield
 
-    hf_cfg = hf_config(config, eos_token_id)
+
+def to_hf_model(canonical: dict[str, torch.Tensor], config: ModelConfig,
+                eos_token_id: int | None = None, attn_implementation: str = "sdpa",
+                architecture: str = "auto", dtype: torch.dtype = torch.float32, **extra):
+    """The HF causal LM (in eval mode, `dtype`) holding the same weights."""
+    import transformers
+
+    name = architecture_for(config, architecture)
+    hf_cfg = hf_config(config, eos_token_id, name, **extra)
     hf_cfg._attn_implementation = attn_implementation
-    model = GPTNeoXForCausalLM(hf_cfg)
+    with _no_random_init():
+        model = getattr(transformers, HF_CLASSES[name])(hf_cfg)
     head = next(n for n, m in model.named_modules() if m is model.get_output_embeddings())
-    state = hf_state_dict({k: v.float() for k, v in canonical.items()}, config, f"{head}.weight")
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    state = hf_state_dict(canonical, config, name, f"{head}.weight")
+    missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()},
+                                                strict=False)
     missing = [m for m in missing if not m.endswith(("attention.bias", "attention.masked_bias",
                                                      "rotary_emb.inv_freq"))]
     if missing or unexpected:
-        raise ValueError(f"Hugging Face GPTNeoX state does not match: missing {missing}, "
-                         f"unexpected {unexpected}")
-    return model.eval()
+        raise ValueError(f"Hugging Face {HF_CLASSES[name]} state does not match: missing "
+                         f"{missing}, unexpected {unexpected}")
+    return model.to(dtype).eval()
+
+
+def hf_model_config(hf_cfg) -> tuple[str, ModelConfig]:
+    """(our architecture name, the ModelConfig) an HF GPTNeoX or Llama config describes;
+    padded_vocab_size is HF's vocab_size. ValueError for another model type or a feature our
+    model does not implement (rope scaling, another activation, ...)."""
+    model_type = getattr(hf_cfg, "model_type", None)
+    by_type = {mapping_module(n).MODEL_TYPE: n for n in ARCHITECTURES}
+    if model_type not in by_type:
+        raise ValueError(f"Hugging Face model_type {model_type!r} cannot be converted; supported: "
+                         f"{', '.join(f'{t} ({HF_CLASSES[n]})' for t, n in by_type.items())}")
+    theta, _, rope_type = rope_of(hf_cfg)
+    own, problems = mapping_module(by_type[model_type]).model_fields(hf_cfg)
+    if rope_type != "default":
+        problems.insert(0, f"rope_type {rope_type!r} (only 'default' rotary is supported)")
+    if problems:
+        raise ValueError(f"the Hugging Face {model_type} model uses what our model does not "
+                         "implement: " + "; ".join(problems))
+    L, positions = hf_cfg.num_hidden_layers, hf_cfg.max_position_embeddings
+    return by_type[model_type], ModelConfig(
+        num_layers=L, hidden_size=hf_cfg.hidden_size,
+        num_attention_heads=hf_cfg.num_attention_heads,
+        intermediate_size=hf_cfg.intermediate_size, seq_length=positions,
+        max_position_embeddings=positions, padded_vocab_size=hf_cfg.vocab_size,
+        pos_emb="rotary", rotary_emb_base=theta,
+        tied_embeddings=bool(hf_cfg.tie_word_embeddings), attention_types=("global",) * L, **own)
+
+
+def canonical_from_hf(state_dict: dict[str, torch.Tensor], hf_cfg
+                      ) -> tuple[dict[str, torch.Tensor], ModelConfig]:
+    """Our canonical weights and ModelConfig from an HF model's tensors and config (GPTNeoX or
+    Llama); ValueError as `hf_model_config`, or for tensors that are missing, unexpected or of
+    the wrong shape."""
+    name, config = hf_model_config(hf_cfg)
+    state = dict(state_dict)
+    canonical = mapping_module(name).canonical_from_hf(state, config)
+    if state:
+        raise ValueError(f"the Hugging Face weights hold tensors a {hf_cfg.model_type} model with "
+                         f"this config.json does not have: {', '.join(sorted(state)[:8])}"
+                         + (f" and {len(state) - 8} more" if len(state) > 8 else ""))
+    _check_shapes(canonical, config)
+    return canonical, config
+
+
+def _check_shapes(canonical: dict[str, torch.Tensor], config: ModelConfig) -> None:
+    """ValueError unless `canonical` has exactly the tensors and shapes of our model."""
+    from megatron.model.gpt import GPTModel
+    from megatron.model.partition import canonical_from_module
+
+    with torch.device("meta"):  # shapes only: nothing is allocated or initialised
+        expected = canonical_from_module(GPTModel(config).state_dict())
+    wrong = [f"{n}: {tuple(canonical[n].shape)}, expected {tuple(t.shape)}"
+             for n, t in expected.items() if n in canonical and canonical[n].shape != t.shape]
+    missing = sorted(set(expected) - set(canonical))
+    extra = sorted(set(canonical) - set(expected))
+    if wrong or missing or extra:
+        raise ValueError("the Hugging Face weights do not fit the model their config.json "
+                         f"describes: wrong shapes {wrong}, missing {missing}, extra {extra}")
+
+
+def take(state: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """Remove and return HF tensor `name`; ValueError when the weights lack it."""
+    if name not in state:
+        raise ValueError(f"tensor {name} is missing from the Hugging Face weights")
+    return state.pop(name)
+
+
+def rope_of(hf_cfg) -> tuple[float, float, str]:
+    """(rope_theta, partial_rotary_factor, rope_type) of an HF config, transformers 4 or 5."""
+    params = getattr(hf_cfg, "rope_parameters", None) or {}
+    scaling = getattr(hf_cfg, "rope_scaling", None) or {}
+    theta = params.get("rope_theta", getattr(hf_cfg, "rope_theta",
+                                             getattr(hf_cfg, "rotary_emb_base", 10000.0)))
+    partial = params.get("partial_rotary_factor", getattr(hf_cfg, "rotary_pct", 1.0))
+    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type")
+    return float(theta), float(partial), rope_type or "default"

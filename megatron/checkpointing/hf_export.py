@@ -1,0 +1,131 @@
+"""Exporting a checkpoint of any layout as a Hugging Face model directory (GPTNeoX or Llama).
+
+    export_to_hf(Path("checkpoints/tiny/global_step200"), args, Path("hf/tiny"))
+
+    <out>/config.json                 GPTNeoXConfig or LlamaConfig (hf_mapping picks the one that
+                                      holds the model; one that none holds is refused, with why)
+    <out>/model.safetensors           the weights (sharded with an index when large)
+    <out>/generation_config.json      bos = eos = the tokenizer's end-of-document id
+    <out>/tokenizer.json              for tokenizers built on `tokenizers` (HFTokenizer,
+    <out>/tokenizer_config.json       GPT2BPETokenizer, HFGPT2Tokenizer); others: a warning
+
+The weights come from `weights.full_weights` (any tensor/pipeline degree, any ZeRO stage); the
+model and tokenizer come from the run config `args`, whose architecture must agree with the
+checkpoint's own config.yml. vocab_size stays the padded vocabulary (every row the checkpoint
+embeds), so the HF logits equal ours column for column; the tokenizer never produces the extra
+ids. Precision "auto" keeps the dtype the checkpoint's weights are stored in (fp32 for fp32
+training, the bf16/fp16 module weights of mixed-precision runs); fp32/bf16/fp16 cast to it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from megatron.checkpointing.layout import CONFIG_NAME, LATEST, iteration_of
+from megatron.model.config import ModelConfig, model_config_from_args
+from megatron.model.hf_mapping import HF_CLASSES, architecture_for, to_hf_model
+from megatron.monitoring.logger import get_logger
+
+log = get_logger(__name__)
+
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def export_to_hf(step_dir: Path, args, output_dir: Path, architecture: str = "auto",
+                 precision: str = "auto") -> Path:
+    """Write the checkpoint `step_dir` (or the one `<save>/latest` names when given the save
+    directory) as a Hugging Face model directory `output_dir`; returns it."""
+    from megatron.tokenizer import build_tokenizer
+
+    if precision != "auto" and precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not known; valid: auto, "
+                         f"{', '.join(PRECISIONS)}")
+    step_dir = resolve_step(Path(step_dir))
+    # refused before any weight is read (the vocabulary size plays no part in the choice)
+    name = architecture_for(model_config_from_args(args, 1), architecture)
+    tok = args.tokenizer
+    tokenizer = build_tokenizer(tok.tokenizer_type, tok.vocab_file, tok.merge_file)
+    ck = read_step(step_dir)
+    config = exported_config(args, ck, tokenizer)
+    dtype = ck.canonical["0.word_embeddings.weight"].dtype if precision == "auto" \
+        else PRECISIONS[precision]
+    model = to_hf_model(ck.canonical, config, tokenizer.eod, architecture=name, dtype=dtype,
+                        pad_token_id=tokenizer.pad)
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(output_dir, safe_serialization=True)
+    write_hf_tokenizer(tokenizer, output_dir, config.max_position_embeddings)
+    log.info("wrote %s (%s) from %s to %s", HF_CLASSES[name], str(dtype).replace("torch.", ""),
+             ck.step_dir, output_dir)
+    return output_dir
+
+
+def resolve_step(step_dir: Path) -> Path:
+    """`step_dir` checked to be a checkpoint, or the one `latest` names in a save directory."""
+    from megatron.text_generation.loading import checkpoint_dir
+
+    if not step_dir.is_dir():
+        raise FileNotFoundError(f"checkpoint directory {step_dir} does not exist")
+    if (step_dir / LATEST).is_file():  # the save directory: its latest checkpoint
+        step_dir = checkpoint_dir(str(step_dir), None)
+    if iteration_of(step_dir.name) is None:
+        raise ValueError(f"{step_dir} is not a checkpoint: expected <save>/global_step<N> (or a "
+                         f"save directory with a '{LATEST}' file)")
+    return step_dir
+
+
+def read_step_config(step_dir: Path) -> Path:
+    """The config.yml the checkpoint was saved with (the default run config of an export)."""
+    path = resolve_step(step_dir) / CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: the checkpoint does not record its config; "
+                                "pass the training config files")
+    return path
+
+
+def read_step(step_dir: Path):
+    """The checkpoint's full weights and saved config (loading.CheckpointWeights)."""
+    from megatron.text_generation.loading import read_checkpoint
+
+    step_dir = resolve_step(step_dir)
+    return read_checkpoint(str(step_dir.parent), iteration_of(step_dir.name))
+
+
+def exported_config(args, ck, tokenizer) -> ModelConfig:
+    """The ModelConfig of the run config, with the checkpoint's padded vocabulary; ValueError
+    when it differs from the checkpoint's own architecture or the tokenizer does not fit."""
+    from megatron.text_generation.loading import check_architecture
+
+    trained = ck.trained_vocab
+    ids = max(tokenizer.vocab_size, tokenizer.max_token_id + 1)
+    if ids > trained:
+        raise ValueError(f"the tokenizer ({args.tokenizer.tokenizer_type}, "
+                         f"{args.tokenizer.vocab_file}) has {ids} ids but the checkpoint "
+                         f"{ck.step_dir} embeds only {trained}: use the tokenizer the model was "
+                         "trained with")
+    config = model_config_from_args(args, trained)
+    check_architecture(config, model_config_from_args(ck.saved_args, trained), ck.step_dir)
+    return config
+
+
+def write_hf_tokenizer(tokenizer, output_dir: Path, max_length: int) -> bool:
+    """tokenizer.json + tokenizer_config.json (a `PreTrainedTokenizerFast`: bos = eos = our
+    end-of-document token, pad = ours) when the tokenizer is built on `tokenizers`; else a
+    warning and False."""
+    from tokenizers import Tokenizer
+
+    backend = getattr(tokenizer, "tokenizer", None)
+    if not isinstance(backend, Tokenizer):
+        log.warning("%s has no Hugging Face tokenizer form: no tokenizer was written to %s; "
+                    "add the tokenizer's files there yourself", tokenizer.name, output_dir)
+        return False
+    backend.save(str(output_dir / "tokenizer.json"))
+    eos, pad = backend.id_to_token(tokenizer.eod), backend.id_to_token(tokenizer.pad)
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": eos,
+                "eos_token": eos, "pad_token": pad, "model_max_length": max_length,
+                "clean_up_tokenization_spaces": False}
+    (output_dir / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+    return True

@@ -1,0 +1,369 @@
+"""tools/ckpts/convert_neox_to_hf.py and convert_hf_to_neox.py: checkpoints <-> Hugging Face
+model directories, checked through real transformers models (built from configs, nothing
+downloaded).
+
+What a user relies on: the exported directory loads with AutoModelForCausalLM / AutoTokenizer
+and gives our logits; an imported HF model gives HF's logits in our model; neox -> HF -> neox
+returns the same bits; wrong inputs are refused naming the key, values or path.
+Tolerance: fp32 logits within 2e-5 absolute (the two implementations differ only in kernel
+choice and summation order; observed <= 1e-6 on logits of magnitude ~2).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from megatron.checkpointing.hf_export import write_hf_tokenizer
+from megatron.checkpointing.manifest import check_files, read_manifest
+from megatron.checkpointing.weights import full_weights
+from megatron.checkpointing.weights_only import write_weights_checkpoint
+from megatron.model.config import model_config_from_args
+from megatron.neox_arguments import NeoXArgs, padded_vocab_size
+from megatron.text_generation.inference_model import InferenceModel
+from megatron.text_generation.loading import read_checkpoint
+from megatron.tokenizer import build_tokenizer
+from tests.runs import ROOT, build_small_dataset, deepy, explain, tiny_overrides
+from tests.text_generation.models import random_weights
+
+ATOL = 2e-5
+SEQ = 48
+TEXTS = ["def main(argv=None):\n    return 0", "héllo wörld <|endoftext|> again", ""]
+
+
+def tool(name: str):
+    """The entry script tools/ckpts/<name>.py as a module (its `main(argv)`)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / "ckpts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def batch(vocab: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, vocab, (2, SEQ), generator=torch.Generator().manual_seed(seed))
+
+
+def our_logits(config, canonical, tokens) -> torch.Tensor:
+    model = InferenceModel.from_canonical(config, canonical)
+    with torch.inference_mode():
+        return model.forward(tokens, torch.arange(tokens.shape[1]).expand_as(tokens))
+
+
+def hf_logits(hf_dir: Path, tokens) -> tuple[torch.Tensor, object]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    with torch.inference_mode():
+        return model(tokens).logits, model
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """(data prefix, tokenizer.json, a YAML pointing the shipped configs at them)."""
+    root = tmp_path_factory.mktemp("hf_data")
+    prefix, tokenizer = build_small_dataset(root)
+    paths = root / "paths.yml"
+    paths.write_text(f"vocab_file: {tokenizer}\ndata_path: {prefix}\n")
+    return prefix, tokenizer, paths
+
+
+@pytest.fixture(scope="module")
+def pythia_tp2_pp2(data, tmp_path_factory):
+    """configs/tiny.yml (Pythia style) trained 2 steps with tensor 2 x pipeline 2."""
+    prefix, tokenizer, _ = data
+    run = tmp_path_factory.mktemp("pythia_run")
+    overrides = tiny_overrides(prefix, tokenizer, run, train_iters=2, checkpoint_factor=2,
+                               num_gpus=4, model_parallel_size=2, pipe_parallel_size=2,
+                               eval_interval=1000, eval_iters=1, log_interval=1, seq_length=SEQ)
+    proc = deepy("train.py", "configs/tiny.yml", *overrides)
+    assert proc.returncode == 0, explain(proc)
+    return run / "ckpt" / "global_step2"
+
+
+@pytest.fixture(scope="module")
+def pythia_hf(pythia_tp2_pp2, data, tmp_path_factory):
+    """The trained checkpoint exported by running the script as a user does."""
+    out = tmp_path_factory.mktemp("pythia_hf")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools/ckpts/convert_neox_to_hf.py"), "--input_dir",
+         str(pythia_tp2_pp2), "--config_file", "configs/tiny.yml", str(data[2]),
+         "--output_dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def llama_args(paths: Path, *overrides: str) -> NeoXArgs:
+    return NeoXArgs.from_ymls(["configs/tiny_llama.yml", paths], list(overrides))
+
+
+@pytest.fixture(scope="module")
+def llama_tp2(data, tmp_path_factory):
+    """configs/tiny_llama.yml (GQA, SwiGLU, RMSNorm, untied) with random weights, written as a
+    tensor-parallel-2 checkpoint: (step dir, canonical weights, ModelConfig)."""
+    args = llama_args(data[2], "model_parallel_size=2")
+    tokenizer = build_tokenizer("HFTokenizer", str(args.tokenizer.vocab_file))
+    padded = padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by, 2)
+    config = model_config_from_args(args, padded)
+    canonical = random_weights(config)
+    root = tmp_path_factory.mktemp("llama_ckpt")
+    return write_weights_checkpoint(root, 5, canonical, args, tp=2), canonical, config
+
+
+def test_pythia_checkpoint_tp2_pp2_exports_to_gpt_neox_with_our_logits(pythia_tp2_pp2,
+                                                                       pythia_hf):
+    ck = read_checkpoint(str(pythia_tp2_pp2.parent), 2)
+    config = model_config_from_args(ck.saved_args, ck.trained_vocab)
+    tokens = batch(ck.trained_vocab)
+    theirs, model = hf_logits(pythia_hf, tokens)
+    assert type(model).__name__ == "GPTNeoXForCausalLM"
+    saved = json.loads((pythia_hf / "config.json").read_text())
+    dtype = saved.get("dtype", saved.get("torch_dtype"))  # the key's name before transformers 5
+    assert (saved["model_type"], saved["vocab_size"], dtype) == ("gpt_neox", 2048, "float32")
+    assert saved["use_parallel_residual"] is True
+    assert (our_logits(config, ck.canonical, tokens) - theirs).abs().max().item() < ATOL
+
+
+def test_exported_tokenizer_encodes_like_ours(pythia_hf, data):
+    from transformers import AutoTokenizer
+
+    theirs = AutoTokenizer.from_pretrained(pythia_hf)
+    ours = build_tokenizer("HFTokenizer", str(data[1]))
+    for text in TEXTS:
+        assert theirs(text)["input_ids"] == ours.tokenize(text)
+    assert (theirs.eos_token_id, theirs.bos_token_id, theirs.pad_token_id) == (ours.eod, ours.eod,
+                                                                               ours.pad)
+    generation = json.loads((pythia_hf / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == ours.eod
+
+
+@pytest.mark.parametrize("kind", ["GPT2BPETokenizer", "HFGPT2Tokenizer", "CharLevelTokenizer"])
+def test_tokenizer_files_are_written_for_tokenizers_hugging_face_can_load(kind, data, tmp_path,
+                                                                          caplog):
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    vocab, merges = Tokenizer.from_file(str(data[1])).model.save(str(tmp_path))  # GPT-2 files
+    ours = build_tokenizer(kind, vocab, merges)
+    written = write_hf_tokenizer(ours, tmp_path, 128)
+    if kind == "CharLevelTokenizer":
+        assert not written and not (tmp_path / "tokenizer.json").exists()
+        assert "CharLevelTokenizer has no Hugging Face tokenizer form" in caplog.text
+        return
+    theirs = AutoTokenizer.from_pretrained(tmp_path)
+    assert [theirs(t)["input_ids"] for t in TEXTS] == [ours.tokenize(t) for t in TEXTS]
+    assert (theirs.eos_token_id, theirs.pad_token_id) == (ours.eod, ours.pad)
+
+
+def test_llama_checkpoint_tp2_exports_to_llama_with_our_logits(llama_tp2, tmp_path):
+    step_dir, canonical, config = llama_tp2
+    out = tmp_path / "hf"
+    # no --config_file: the checkpoint's own config.yml gives model and tokenizer
+    assert tool("convert_neox_to_hf").main(["--input_dir", str(step_dir.parent),
+                                            "--output_dir", str(out)]) == 0
+    tokens = batch(config.padded_vocab_size, seed=1)
+    theirs, model = hf_logits(out, tokens)
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert (model.config.num_key_value_heads, model.config.tie_word_embeddings) == (2, False)
+    assert (our_logits(config, canonical, tokens) - theirs).abs().max().item() < ATOL
+
+
+def test_precision_bf16_writes_bf16_weights(llama_tp2, tmp_path):
+    from safetensors.torch import load_file
+
+    step_dir, canonical, _ = llama_tp2
+    out = tmp_path / "hf"
+    assert tool("convert_neox_to_hf").main(["--input_dir", str(step_dir), "--output_dir", str(out),
+                                            "--precision", "bf16"]) == 0
+    tensors = load_file(out / "model.safetensors")
+    assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
+    assert torch.equal(tensors["model.embed_tokens.weight"],
+                       canonical["0.word_embeddings.weight"].bfloat16())
+
+
+@pytest.mark.parametrize("kind", ["pythia", "llama"])
+def test_neox_to_hf_to_neox_is_bitwise_identical(kind, llama_tp2, data, tmp_path, request):
+    if kind == "pythia":
+        step_dir, hf_dir = (request.getfixturevalue(f) for f in ("pythia_tp2_pp2", "pythia_hf"))
+        configs = ["configs/tiny.yml", str(data[2])]
+    else:
+        step_dir, hf_dir = llama_tp2[0], tmp_path / "hf"
+        configs = ["configs/tiny_llama.yml", str(data[2])]
+        assert tool("convert_neox_to_hf").main(["--input_dir", str(step_dir),
+                                                "--output_dir", str(hf_dir)]) == 0
+    back = tmp_path / "back"
+    assert tool("convert_hf_to_neox").main(["--hf_model", str(hf_dir), "--config_file", *configs,
+                                            "--output_dir", str(back), "--tp", "2"]) == 0
+    original, restored = full_weights(step_dir, 2, kind == "llama"), full_weights(
+        back / "global_step0", 2, kind == "llama")
+    assert original.keys() == restored.keys()
+    for name, tensor in original.items():
+        assert torch.equal(restored[name], tensor), name
+
+
+def random_hf(model, seed: int = 0):
+    """Perturb every parameter, so that a dropped or swapped tensor shows in the logits."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def hf_gpt_neox(vocab: int = 2000, **overrides):
+    """An HF GPTNeoXForCausalLM with configs/tiny.yml's shape."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    shape = dict(vocab_size=vocab, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+                 intermediate_size=512, rotary_pct=0.25, use_parallel_residual=True,
+                 max_position_embeddings=128, tie_word_embeddings=False)
+    return random_hf(GPTNeoXForCausalLM(GPTNeoXConfig(**{**shape, **overrides})))
+
+
+def hf_llama():
+    """An HF LlamaForCausalLM with configs/tiny_llama.yml's shape (grouped-query attention)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return random_hf(LlamaForCausalLM(LlamaConfig(
+        vocab_size=2048, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=192, rms_norm_eps=1e-5,
+        max_position_embeddings=128, tie_word_embeddings=False)))
+
+
+@pytest.mark.parametrize("kind", ["gpt_neox_padded", "llama_sharded"])
+def test_hf_model_imports_with_hf_logits(kind, data, tmp_path):
+    configs = [str(data[2])]
+    if kind == "gpt_neox_padded":  # HF rows 2056 < the config's padded vocabulary 3072
+        hf, yml, padded = hf_gpt_neox(vocab=2056), "configs/tiny.yml", 3072
+        (tmp_path / "pad.yml").write_text("make_vocab_size_divisible_by: 1536\n")
+        configs.append(str(tmp_path / "pad.yml"))
+        hf.save_pretrained(tmp_path / "hf")
+    else:
+        hf, yml, padded = hf_llama(), "configs/tiny_llama.yml", 2048
+        hf.save_pretrained(tmp_path / "hf", max_shard_size="300KB")
+        assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()
+    assert tool("convert_hf_to_neox").main([
+        "--hf_model", str(tmp_path / "hf"), "--config_file", yml, *configs,
+        "--output_dir", str(tmp_path / "ckpt"), "--tp", "2", "--iteration", "3"]) == 0
+
+    assert (tmp_path / "ckpt" / "latest").read_text() == "global_step3"
+    ck = read_checkpoint(str(tmp_path / "ckpt"), None)
+    assert (ck.trained_vocab, ck.tensor_parallel) == (padded, 2)
+    config = model_config_from_args(ck.saved_args, ck.trained_vocab)
+    rows = hf.config.vocab_size
+    tokens = batch(rows)
+    with torch.inference_mode():
+        theirs = hf(tokens).logits
+    ours = our_logits(config, ck.canonical, tokens)
+    assert (ours[..., :rows] - theirs).abs().max().item() < ATOL
+    assert torch.all(ck.canonical["0.word_embeddings.weight"][rows:] == 0)  # padded rows
+
+
+def test_imported_hf_model_loads_into_training_with_every_weight_in_place(data, tmp_path):
+    """HF Llama -> tensor-parallel-2 checkpoint -> a one-process training run (another layout)
+    at a learning rate too small to move any weight: its next checkpoint holds the same bits."""
+    hf_llama().save_pretrained(tmp_path / "hf")
+    assert tool("convert_hf_to_neox").main([
+        "--hf_model", str(tmp_path / "hf"), "--config_file", "configs/tiny_llama.yml",
+        str(data[2]), "--output_dir", str(tmp_path / "imported"), "--tp", "2",
+        "--iteration", "3"]) == 0
+    overrides = tiny_overrides(data[0], data[1], tmp_path / "run", num_gpus=1, train_iters=4,
+                               checkpoint_factor=4, load=tmp_path / "imported", seq_length=SEQ,
+                               eval_interval=1000, log_interval=1, min_lr=0,
+                               **{"optimizer.params.lr": 1e-30})
+    proc = deepy("train.py", "configs/tiny_llama.yml", *overrides)
+    assert proc.returncode == 0, explain(proc)
+    imported = full_weights(tmp_path / "imported" / "global_step3", 2, gated_mlp=True)
+    trained = full_weights(tmp_path / "run" / "ckpt" / "global_step4", 1, gated_mlp=True)
+    assert trained.keys() == imported.keys()
+    assert all(torch.equal(trained[k], imported[k]) for k in imported)
+
+
+def test_weights_only_checkpoint_reads_back_exactly_with_a_complete_manifest(llama_tp2):
+    step_dir, canonical, config = llama_tp2
+    restored = full_weights(step_dir, 2, gated_mlp=True)
+    assert restored.keys() == canonical.keys()
+    assert all(torch.equal(restored[k], canonical[k]) for k in canonical)
+    manifest = read_manifest(step_dir)
+    assert manifest.contents == {"optimizer": False, "rng": False, "engine": False}
+    assert manifest.run == {"tp": 2, "pp": 1, "pipe_parallel_size": 1, "dp": None,
+                            "world_size": None, "zero_stage": None, "precision": "fp32",
+                            "num_layers": 4, "hidden_size": 128, "num_attention_heads": 4,
+                            "num_kv_heads": 2, "intermediate_size": 192,
+                            "padded_vocab_size": 2048}
+    assert (manifest.iteration, manifest.client_state) == (5, {"iteration": 5})
+    assert check_files(step_dir, manifest, hash_names=manifest.files) == []
+    on_disk = {p.relative_to(step_dir).as_posix() for p in step_dir.rglob("*") if p.is_file()}
+    assert on_disk == set(manifest.files) | {"manifest.json"}
+    assert sorted(p.name for p in step_dir.parent.iterdir()) == [step_dir.name, "latest"]
+    with pytest.raises(FileExistsError, match="already exists"):
+        write_weights_checkpoint(step_dir.parent, 5, canonical,
+                                 NeoXArgs.from_yml_saved(step_dir / "config.yml"), tp=2)
+
+
+def test_architecture_hugging_face_cannot_hold_is_refused_with_the_reasons(data, tmp_path,
+                                                                          capsys):
+    args = NeoXArgs.from_ymls(["configs/tiny.yml", data[2]], ["pos_emb=alibi"])
+    config = model_config_from_args(args, 2048)
+    write_weights_checkpoint(tmp_path / "ckpt", 1, random_weights(config), args, tp=1)
+    assert tool("convert_neox_to_hf").main(["--input_dir", str(tmp_path / "ckpt"),
+                                            "--output_dir", str(tmp_path / "hf")]) == 1
+    err = capsys.readouterr().err
+    assert "cannot be expressed as any Hugging Face architecture" in err
+    assert "GPTNeoX: pos_emb 'alibi'" in err and "Llama: pos_emb 'alibi'" in err
+    assert "norm 'layernorm' with bias True (Llama: RMSNorm, no bias)" in err
+    assert not (tmp_path / "hf").exists()
+
+
+def test_config_differing_from_the_checkpoint_is_refused_naming_key_and_values(
+        pythia_tp2_pp2, data, tmp_path, capsys):
+    wrong = tmp_path / "wrong.yml"
+    wrong.write_text("rotary_pct: 0.5\n")
+    code = tool("convert_neox_to_hf").main([
+        "--input_dir", str(pythia_tp2_pp2), "--config_file", "configs/tiny.yml", str(data[2]),
+        str(wrong), "--output_dir", str(tmp_path / "hf")])
+    assert code == 1
+    assert "rotary_pct: 0.5 in this run's config vs 0.25 in the checkpoint's" in \
+        capsys.readouterr().err
+
+
+def test_hf_model_differing_from_the_config_is_refused_naming_key_and_values(data, tmp_path,
+                                                                            capsys):
+    hf_gpt_neox(vocab=4096, hidden_act="relu", layer_norm_eps=1e-6).save_pretrained(
+        tmp_path / "hf")
+    code = tool("convert_hf_to_neox").main([
+        "--hf_model", str(tmp_path / "hf"), "--config_file", "configs/tiny.yml", str(data[2]),
+        "--output_dir", str(tmp_path / "ckpt")])
+    assert code == 1
+    err = capsys.readouterr().err
+    where = tmp_path / "hf" / "config.json"
+    assert f"activation: 'gelu' in the config vs 'relu' in {where}" in err
+    assert f"(layernorm_epsilon / rms_norm_epsilon): 1e-05 in the config vs 1e-06 in {where}" in err
+    assert f"{where} has vocab_size 4096 but the config pads its tokenizer's vocabulary " \
+           "only to 2048 rows" in err
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_missing_inputs_are_named(data, tmp_path, capsys):
+    missing = tmp_path / "nowhere" / "global_step3"
+    assert tool("convert_neox_to_hf").main(["--input_dir", str(missing), "--config_file",
+                                            "configs/tiny.yml", str(data[2]),
+                                            "--output_dir", str(tmp_path / "hf")]) == 1
+    assert f"checkpoint directory {missing} does not exist" in capsys.readouterr().err
+    assert tool("convert_hf_to_neox").main(["--hf_model", str(tmp_path / "hf_missing"),
+                                            "--config_file", "configs/tiny.yml", str(data[2]),
+                                            "--output_dir", str(tmp_path / "ckpt")]) == 1
+    assert (f"Hugging Face model directory {tmp_path / 'hf_missing'} does not exist (only local "
+            "directories are read; nothing is downloaded)") in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "config.json").write_text(hf_llama().config.to_json_string())
+    assert tool("convert_hf_to_neox").main(["--hf_model", str(tmp_path / "empty"),
+                                            "--config_file", "configs/tiny_llama.yml",
+                                            str(data[2]), "--output_dir", str(tmp_path / "c")]) == 1
+    assert f"{tmp_path / 'empty'} holds no weights: expected one of model.safetensors" in \
+        capsys.readouterr().err

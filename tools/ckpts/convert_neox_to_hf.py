@@ -1,0 +1,54 @@
+#!/usr/bin/env python
+"""Export a checkpoint (any tensor/pipeline-parallel layout, any ZeRO stage) as a Hugging Face
+model directory: GPTNeoXForCausalLM for GPT-NeoX/Pythia-style models, LlamaForCausalLM for
+Llama-style ones (RMSNorm, gated MLP, rotary on whole heads, grouped-query attention allowed).
+
+    python tools/ckpts/convert_neox_to_hf.py --input_dir checkpoints/tiny/global_step200 \
+        --config_file configs/tiny.yml --output_dir hf/tiny
+    python tools/ckpts/convert_neox_to_hf.py --input_dir checkpoints/tiny_llama \
+        --config_file configs/tiny_llama.yml --output_dir hf/tiny_llama --precision bf16
+
+--input_dir is a checkpoint directory, or a save directory (its `latest` is exported).
+--config_file (default: the checkpoint's own config.yml) gives the model and the tokenizer.
+--architecture auto picks the Hugging Face class that holds the model; --precision auto keeps
+the dtype the checkpoint stores its weights in. The result loads with
+`transformers.AutoModelForCausalLM.from_pretrained(output_dir)` and AutoTokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+from megatron.entry import run_entry  # noqa: E402
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--input_dir", required=True,
+                        help="<save>/global_step<N> (or <save>, for the checkpoint `latest` names)")
+    parser.add_argument("--config_file", nargs="+", default=None,
+                        help="config YAML file(s), merged left to right (default: the "
+                             "checkpoint's config.yml)")
+    parser.add_argument("--output_dir", required=True, help="Hugging Face model directory to write")
+    parser.add_argument("--architecture", default="auto", choices=["auto", "neox", "llama"])
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    args = parser.parse_args(argv)
+
+    def run() -> None:
+        from megatron.checkpointing.hf_export import export_to_hf, read_step_config
+        from megatron.neox_arguments import NeoXArgs
+
+        configs = args.config_file or [read_step_config(Path(args.input_dir))]
+        export_to_hf(Path(args.input_dir), NeoXArgs.from_ymls(configs), Path(args.output_dir),
+                     args.architecture, args.precision)
+
+    return run_entry(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
