@@ -34,15 +34,15 @@ def import_from_hf(hf_dir: Path, args, save_dir: Path, tp: int | None = None,
                    iteration: int = 0) -> Path:
     """Write the HF model in `hf_dir` as `<save_dir>/global_step<iteration>/` for `tp`
     tensor-parallel ranks (default: the config's model_parallel_size); returns that path."""
-    from megatron.checkpointing.weights_only import write_weights_checkpoint
+    from megatron.checkpointing.weights_only import config_for_tp, write_weights_checkpoint
     from megatron.model.hf_mapping import canonical_from_hf, hf_model_config
     from megatron.text_generation.loading import resize_vocab
 
     hf_dir = Path(hf_dir)
     hf_cfg = read_hf_config(hf_dir)
     _, hf_model = hf_model_config(hf_cfg)  # refused here, before any weight is read
-    if tp is not None and tp != args.parallelism.model_parallel_size:
-        args = args.replace(model_parallel_size=tp)
+    if tp is not None:
+        args = config_for_tp(args, tp)
     config, tokenizer_ids = _run_config(args)
     check_same_model(config, hf_model, tokenizer_ids, hf_dir)
     canonical, _ = canonical_from_hf(read_hf_weights(hf_dir), hf_cfg)

@@ -71,6 +71,17 @@ def describe_weights(args, tp: int, canonical: dict[str, torch.Tensor]) -> dict:
             "padded_vocab_size": int(canonical["0.word_embeddings.weight"].shape[0])}
 
 
+def config_for_tp(args, tp: int):
+    """`args` with model_parallel_size = tp, validated for its own world size when that holds
+    tp x pp ranks, else for tp x pp (the config records the layout, not a world)."""
+    if args.parallelism.model_parallel_size == tp:
+        return args
+    per_replica = tp * max(1, args.parallelism.pipe_parallel_size)
+    world = args.derived.world_size
+    return args.replace(model_parallel_size=tp,
+                        world_size=world if world % per_replica == 0 else per_replica)
+
+
 def write_weights_checkpoint(root: Path, iteration: int, canonical: dict[str, torch.Tensor],
                              args, tp: int) -> Path:
     """Write `canonical` (full tensors) as `<root>/global_step<iteration>/` split for `tp`
@@ -81,8 +92,7 @@ def write_weights_checkpoint(root: Path, iteration: int, canonical: dict[str, to
     if target.exists():
         raise FileExistsError(f"{target} already exists; choose another iteration or output "
                               "directory (an existing checkpoint is never overwritten)")
-    if args.parallelism.model_parallel_size != tp:
-        args = args.replace(model_parallel_size=tp)
+    args = config_for_tp(args, tp)
     root.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(stage, ignore_errors=True)  # what an interrupted write left
     stage.mkdir()

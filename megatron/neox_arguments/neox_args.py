@@ -109,10 +109,12 @@ class NeoXArgs:
             world_size_override=world_size,
         )
 
-    def replace(self, **values: Any) -> NeoXArgs:
-        """A new validated config with these flat keys changed (same world size rule)."""
+    def replace(self, world_size: int | None = None, **values: Any) -> NeoXArgs:
+        """A new validated config with these flat keys changed (for `world_size` ranks when
+        given, else the same world size rule)."""
         layers = [("current config", self.to_dict()), ("replace()", values)]
-        return self._from_layers(layers, self.world_size_override, self.overrides_log)
+        world = self.world_size_override if world_size is None else world_size
+        return self._from_layers(layers, world, self.overrides_log)
 
     def with_world_size(self, world_size: int) -> NeoXArgs:
         """This config validated and derived for `world_size` ranks (workers pass $WORLD_SIZE)."""

@@ -150,9 +150,8 @@ def _weights_only(rank, world, run_dir):
     engine = engines.build(args)
     config = model_config_from_args(args, engines.VOCAB)
     canonical = canonical_from_module(GPTModel(dataclasses.replace(config, seed=99)).state_dict())
-    if rank == 0:
-        written_by = engines.make_args(Path(run_dir), pipe_parallel_size=1, model_parallel_size=2)
-        write_weights_checkpoint(Path(run_dir) / "w", 7, canonical, written_by, tp=2)
+    if rank == 0:  # the config says tp 1 x pp 2 over 2 ranks; the checkpoint records tp 2
+        write_weights_checkpoint(Path(run_dir) / "w", 7, canonical, args, tp=2)
     dist.barrier()
     resumed = load_checkpoint(engine, args)
     same = [torch.equal(p, canonical[canonical_param_name(n)])
