@@ -1,8 +1,9 @@
 """Real runs at tensor x pipeline parallelism 2 x 2 (four gloo processes, `python deepy.py
-train.py configs/tiny.yml`): stopping and resuming is bitwise identical to an uninterrupted run,
-and the checkpoint resumes at tensor x pipeline 1 x 1 (two data-parallel processes), resharded
-on load, continuing the same loss curve. Dropout is off so that the resharded run (whose
-random generators restart from the seed) computes the same function.
+train.py configs/tiny.yml`): stopping and resuming is bitwise identical to an uninterrupted run
+(fp32; bf16 with dropout, which draws from the restored tensor-parallel generators), and the
+checkpoint resumes at tensor x pipeline 1 x 1 (two data-parallel processes), resharded on load,
+continuing the same loss curve. Dropout is off there, since the resharded run's random
+generators restart from the seed.
 """
 
 from __future__ import annotations
@@ -17,20 +18,31 @@ TP2_PP2 = dict(num_gpus=4, model_parallel_size=2, pipe_parallel_size=2, hidden_d
 RESHARD_RTOL = 1e-4  # fp32; other tensor-parallel splits sum in another order
 
 
-@pytest.fixture(scope="module")
+PRECISIONS = {"fp32": {}, "bf16": {"bf16": "{enabled: true}", "hidden_dropout": 0.1}}
+_references: dict = {}
+
+
+@pytest.fixture
 def reference(small_data, tmp_path_factory):
-    """The uninterrupted tp2 x pp2 run: (losses by iteration, checkpoint root)."""
-    run_dir = tmp_path_factory.mktemp("reference-tp2pp2")
-    proc = run(small_data, run_dir, **TP2_PP2)
-    assert proc.returncode == 0, explain(proc)
-    return losses_by_iteration(run_dir), run_dir / "ckpt"
+    """The uninterrupted tp2 x pp2 run of a precision: (losses by iteration, checkpoint root)."""
+    def get(precision: str = "fp32"):
+        if precision not in _references:
+            run_dir = tmp_path_factory.mktemp(f"reference-tp2pp2-{precision}")
+            proc = run(small_data, run_dir, **{**TP2_PP2, **PRECISIONS[precision]})
+            assert proc.returncode == 0, explain(proc)
+            _references[precision] = (losses_by_iteration(run_dir), run_dir / "ckpt")
+        return _references[precision]
+    return get
 
 
-def test_tp2_pp2_stop_and_resume_is_bitwise_identical(small_data, tmp_path, reference):
-    want_losses, want_root = reference
-    first = run(small_data, tmp_path, exit_interval=3, **TP2_PP2)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_tp2_pp2_stop_and_resume_is_bitwise_identical(small_data, tmp_path, reference,
+                                                      precision):
+    want_losses, want_root = reference(precision)
+    extra = {**TP2_PP2, **PRECISIONS[precision]}
+    first = run(small_data, tmp_path, exit_interval=3, **extra)
     assert first.returncode == 0, explain(first)
-    second = run(small_data, tmp_path, **TP2_PP2)
+    second = run(small_data, tmp_path, **extra)
     assert second.returncode == 0, explain(second)
     assert "from iteration 3 to 6" in second.stdout
     assert losses_by_iteration(tmp_path) == want_losses, EXACT_HINT
@@ -38,7 +50,7 @@ def test_tp2_pp2_stop_and_resume_is_bitwise_identical(small_data, tmp_path, refe
 
 
 def test_a_tp2_pp2_checkpoint_resumes_at_tp1_pp1(small_data, tmp_path, reference):
-    want_losses, want_root = reference
+    want_losses, want_root = reference("fp32")
     copy_checkpoints(want_root, tmp_path)
     proc = run(small_data, tmp_path, iteration=4, num_gpus=2, model_parallel_size=1,
                pipe_parallel_size=1, hidden_dropout=0.0)
