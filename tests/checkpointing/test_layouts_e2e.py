@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.checkpointing.test_resume_e2e import (EXACT_HINT, assert_same_state,
-                                                 copy_checkpoints, losses_by_iteration, run)
+from tests.checkpointing.test_resume_e2e import (assert_stop_and_resume_exact, copy_checkpoints,
+                                                 losses_by_iteration, run)
 from tests.runs import explain
 
 TP2_PP2 = dict(num_gpus=4, model_parallel_size=2, pipe_parallel_size=2, hidden_dropout=0.0)
@@ -38,15 +38,8 @@ def reference(small_data, tmp_path_factory):
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_tp2_pp2_stop_and_resume_is_bitwise_identical(small_data, tmp_path, reference,
                                                       precision):
-    want_losses, want_root = reference(precision)
-    extra = {**TP2_PP2, **PRECISIONS[precision]}
-    first = run(small_data, tmp_path, exit_interval=3, **extra)
-    assert first.returncode == 0, explain(first)
-    second = run(small_data, tmp_path, **extra)
-    assert second.returncode == 0, explain(second)
-    assert "from iteration 3 to 6" in second.stdout
-    assert losses_by_iteration(tmp_path) == want_losses, EXACT_HINT
-    assert_same_state(tmp_path / "ckpt" / "global_step6", want_root / "global_step6")
+    assert_stop_and_resume_exact(small_data, tmp_path, reference(precision),
+                                 **{**TP2_PP2, **PRECISIONS[precision]})
 
 
 def test_a_tp2_pp2_checkpoint_resumes_at_tp1_pp1(small_data, tmp_path, reference):

@@ -86,16 +86,22 @@ def copy_checkpoints(reference_root: Path, run_dir: Path) -> Path:
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_stop_and_resume_is_bitwise_identical_to_an_uninterrupted_run(small_data, tmp_path,
                                                                       reference, precision):
-    want_losses, want_root = reference(precision)
     extra = {"bf16": "{enabled: true}"} if precision == "bf16" else {}
-    first = run(small_data, tmp_path, exit_interval=3, **extra)
+    assert_stop_and_resume_exact(small_data, tmp_path, reference(precision), **extra)
+
+
+def assert_stop_and_resume_exact(small_data, run_dir: Path, reference, **extra) -> None:
+    """Train to iteration 3 and exit, resume to 6: the losses and final state equal the
+    uninterrupted `reference` (losses by iteration, checkpoint root) bit for bit."""
+    want_losses, want_root = reference
+    first = run(small_data, run_dir, exit_interval=3, **extra)
     assert first.returncode == 0, explain(first)
-    assert (tmp_path / "ckpt" / "latest").read_text() == "global_step3"
-    second = run(small_data, tmp_path, **extra)
+    assert (run_dir / "ckpt" / "latest").read_text() == "global_step3"
+    second = run(small_data, run_dir, **extra)
     assert second.returncode == 0, explain(second)
     assert "from iteration 3 to 6" in second.stdout
-    assert losses_by_iteration(tmp_path) == want_losses, EXACT_HINT
-    assert_same_state(tmp_path / "ckpt" / "global_step6", want_root / "global_step6")
+    assert losses_by_iteration(run_dir) == want_losses, EXACT_HINT
+    assert_same_state(run_dir / "ckpt" / "global_step6", want_root / "global_step6")
 
 
 def test_a_rank_killed_mid_save_then_a_full_disk_lose_nothing(small_data, tmp_path, reference):
