@@ -156,7 +156,11 @@ def _load_resharded(engine, args, directory: Path, manifest: Manifest, changes: 
     ck = args.checkpoint
     gated = args.model.activation in GATED
     wanted = reshard.local_names(engine)
-    full = reshard.read_full_state(directory, manifest, gated, load_optimizer, wanted)
+    # the optimizer files are read whenever they exist: their fp32 master copies are the exact
+    # weights (a bf16 run's module weights are rounded)
+    saved_optimizer = bool(manifest.contents.get("optimizer", True))
+    full = reshard.read_full_state(directory, manifest, gated, saved_optimizer, wanted,
+                                   required=load_optimizer)
     reshard.place_full_state(engine, full, gated, load_optimizer=load_optimizer,
                              load_lr_schedule=not (ck.finetune or ck.no_load_optim),
                              load_counters=not ck.finetune)

@@ -51,9 +51,10 @@ class FullState:
 
 
 def read_full_state(step_dir: Path, manifest: Manifest, gated_mlp: bool, with_optimizer: bool,
-                    wanted: set[str] | None = None) -> FullState:
+                    wanted: set[str] | None = None, required: bool = True) -> FullState:
     """The layout-free state of the checkpoint in `step_dir` (already verified); with
-    `wanted` (canonical names), only the files holding those parameters are read."""
+    `wanted` (canonical names), only the files holding those parameters are read. Optimizer
+    state that cannot be read (no shard index) is an error when `required`, else skipped."""
     tp = int(manifest.run.get("tp") or 1)
     layers = None if wanted is None else {int(n.split(".", 1)[0]) for n in wanted}
     state = FullState(weights=full_weights(step_dir, tp, gated_mlp, layers))
@@ -64,7 +65,7 @@ def read_full_state(step_dir: Path, manifest: Manifest, gated_mlp: bool, with_op
         state.lr_scheduler = model_file.get("lr_scheduler")
         state.counters = {k: model_file[k] for k in ("global_steps", "global_samples",
                                                       "skipped_steps") if k in model_file}
-    if not with_optimizer:
+    if not with_optimizer or not (indexes or required):
         return state
     if not indexes:
         raise CheckpointMismatchError(
@@ -165,15 +166,17 @@ def local_names(engine) -> set[str]:
 
 def place_full_state(engine, full: FullState, gated_mlp: bool, load_optimizer: bool,
                      load_lr_schedule: bool, load_counters: bool) -> None:
-    """Copy this rank's part of `full` into the engine (weights always)."""
+    """Copy this rank's part of `full` into the engine (weights always; the optimizer's
+    moments and step with `load_optimizer`)."""
     ds = engine.engine
     params = [(canonical_param_name(n), p) for n, p in ds.module.named_parameters()]
     missing = sorted({name for name, _ in params} - set(full.weights))
     if missing:
         raise CheckpointMismatchError(f"the checkpoint has no weights for {', '.join(missing)}")
     with torch.no_grad():
-        for name, p in params:
-            p.copy_(local_shard(full.weights[name], name, engine.tp, gated_mlp))
+        for name, p in params:  # the fp32 master copy where there is one: the exact weights
+            source = full.master.get(name, full.weights[name])
+            p.copy_(local_shard(source, name, engine.tp, gated_mlp))
     kind = shard_index.optimizer_kind(ds.optimizer)
     with_moments = load_optimizer and full.has_optimizer
     if kind == "flat":
