@@ -61,8 +61,8 @@ def pretrain(args) -> RunState:
         destroy_distributed()
 
 
-def _pretrain(args) -> RunState:
-    rank = dist.get_rank()
+def setup_engine(args):
+    """(engine, topology, tokenizer, model config) of this worker, seeded. Collective."""
     set_seeds(args.training.seed)
     topology = Topology.from_world(dist.get_world_size(), args.parallelism.model_parallel_size,
                                    args.parallelism.pipe_parallel_size)
@@ -72,6 +72,12 @@ def _pretrain(args) -> RunState:
                               args.parallelism.model_parallel_size)
     model_config = model_config_from_args(args, vocab)
     engine = build_engine(args, model_config, ProcessGroups.build(topology))
+    return engine, topology, tokenizer, model_config
+
+
+def _pretrain(args) -> RunState:
+    rank = dist.get_rank()
+    engine, topology, tokenizer, model_config = setup_engine(args)
     state = RunState()
     resumed = load_checkpoint(engine, args)
     state.iteration = int(resumed.get("iteration", 0))

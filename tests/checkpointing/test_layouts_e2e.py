@@ -3,16 +3,20 @@ train.py configs/tiny.yml`): stopping and resuming is bitwise identical to an un
 (fp32; bf16 with dropout, which draws from the restored tensor-parallel generators), and the
 checkpoint resumes at tensor x pipeline 1 x 1 (two data-parallel processes), resharded on load,
 continuing the same loss curve. Dropout is off there, since the resharded run's random
-generators restart from the seed.
+generators restart from the seed. `tools/ckpts/reshard.py` writes the same state at tensor x
+pipeline 1 x 1 without training.
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from tests.checkpointing.test_resume_e2e import (assert_stop_and_resume_exact, copy_checkpoints,
                                                  losses_by_iteration, run)
-from tests.runs import explain
+from tests.checkpointing.test_reshard import assert_same_state, full_state
+from tests.runs import deepy, explain, tiny_overrides
 
 TP2_PP2 = dict(num_gpus=4, model_parallel_size=2, pipe_parallel_size=2, hidden_dropout=0.0)
 RESHARD_RTOL = 1e-4  # fp32; other tensor-parallel splits sum in another order
@@ -55,3 +59,26 @@ def test_a_tp2_pp2_checkpoint_resumes_at_tp1_pp1(small_data, tmp_path, reference
     assert sorted(got) == [5, 6]
     assert [got[i] for i in (5, 6)] == pytest.approx([want_losses[i] for i in (5, 6)],
                                                      rel=RESHARD_RTOL)
+
+
+def test_the_reshard_tool_rewrites_a_tp2_pp2_checkpoint_at_tp1(small_data, tmp_path, reference):
+    _, want_root = reference("fp32")
+    prefix, tok = small_data
+    out = tmp_path / "tp1"
+    proc = deepy("tools/ckpts/reshard.py", "configs/tiny.yml",
+                 *tiny_overrides(prefix, tok, tmp_path, num_gpus=2, model_parallel_size=1,
+                                 pipe_parallel_size=0, train_iters=6, load=want_root, save=out))
+    assert proc.returncode == 0, explain(proc)
+    manifest = json.loads((out / "global_step6" / "manifest.json").read_text())
+    assert {k: manifest["run"][k] for k in ("tp", "pipe_parallel_size", "dp")} == {
+        "tp": 1, "pipe_parallel_size": 0, "dp": 2}
+    assert manifest["client_state"]["consumed_train_samples"] == 6 * 16
+    assert_same_state(full_state(want_root), full_state(out))
+
+
+def test_the_reshard_tool_refuses_to_overwrite_its_input(small_data, tmp_path):
+    prefix, tok = small_data
+    proc = deepy("tools/ckpts/reshard.py", "configs/tiny.yml",
+                 *tiny_overrides(prefix, tok, tmp_path, num_gpus=1))
+    assert proc.returncode != 0
+    assert f"'save' and 'load' are both {tmp_path / 'ckpt'}" in proc.stderr

@@ -1,0 +1,45 @@
+"""`reshard`: rewrite a checkpoint at this run's parallel layout, without training.
+
+Loading already reshards (megatron/checkpointing/reshard.py); this runs that load on the
+workers of the new layout and saves the result at once, so that the checkpoint on disk has the
+new layout (for runs that must start without reading the old one, or to ship it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch.distributed as dist
+
+from megatron.checkpointing import load_checkpoint, save_checkpoint
+from megatron.mpu.initialize import destroy_distributed, init_distributed
+
+
+def reshard(args) -> Path:
+    """Load `load` (its latest checkpoint, or `iteration`) at this run's layout and save it to
+    `save` under the same iteration; returns the new checkpoint directory. Collective."""
+    ck = args.checkpoint
+    if not ck.load or not ck.save:
+        raise ValueError("resharding reads the checkpoint in 'load' and writes it to 'save': set "
+                         "both (e.g. load=checkpoints/run save=checkpoints/run_tp2)")
+    if Path(ck.load).resolve() == Path(ck.save).resolve():
+        raise ValueError(f"'save' and 'load' are both {ck.load}: write the resharded checkpoint "
+                         "to another directory, so that the original stays as it is")
+    if ck.finetune or ck.no_load_optim:
+        raise ValueError("resharding keeps the whole state; remove finetune / no_load_optim")
+    init_distributed(args.parallelism.distributed_backend, args.launcher.distributed_timeout_minutes)
+    try:
+        return _reshard(args.with_world_size(dist.get_world_size()))
+    finally:
+        destroy_distributed()
+
+
+def _reshard(args) -> Path:
+    from megatron.training.loop import setup_engine
+
+    engine = setup_engine(args)[0]
+    resumed = load_checkpoint(engine, args)
+    if not resumed:
+        raise FileNotFoundError(f"no checkpoint to reshard in {args.checkpoint.load}")
+    iteration = int(resumed.pop("iteration"))
+    return save_checkpoint(engine, args, iteration, resumed)
