@@ -126,7 +126,8 @@ def _rank_optimizer_state(step_dir: Path, index: dict, indexes: list[dict], stat
 def _flat_state(step_dir: Path, index: dict, indexes: list[dict], state: FullState):
     """Slices of the fp32 buffers of a bf16/ZeRO 1-2 optimizer, concatenated over the
     data-parallel ranks of this (pipeline, tensor) position."""
-    same = sorted((i for i in indexes if (i["pipe"], i["model"]) == (index["pipe"], index["model"])),
+    position = (index["pipe"], index["model"])
+    same = sorted((i for i in indexes if (i["pipe"], i["model"]) == position),
                   key=lambda i: i["data"])
     parts = [load_torch(step_dir / i["optimizer_file"])["optimizer_state_dict"] for i in same]
     for g, group in enumerate(index["groups"]):
@@ -195,7 +196,8 @@ def _place_torch(optimizer, params, full: FullState, tp, gated_mlp: bool) -> Non
         state = optimizer.state[p]
         state["step"] = full.step.clone()
         for key in MOMENTS:
-            state[key] = local_shard(full.moments[name][key], name, tp, gated_mlp).to(p.dtype).clone()
+            part = local_shard(full.moments[name][key], name, tp, gated_mlp)
+            state[key] = part.to(p.dtype).clone()
 
 
 def _place_flat(optimizer, params, full: FullState, tp, gated_mlp: bool, with_moments: bool):

@@ -27,7 +27,8 @@ def reshard(args) -> Path:
                          "to another directory, so that the original stays as it is")
     if ck.finetune or ck.no_load_optim:
         raise ValueError("resharding keeps the whole state; remove finetune / no_load_optim")
-    init_distributed(args.parallelism.distributed_backend, args.launcher.distributed_timeout_minutes)
+    init_distributed(args.parallelism.distributed_backend,
+                     args.launcher.distributed_timeout_minutes)
     try:
         return _reshard(args.with_world_size(dist.get_world_size()))
     finally:
