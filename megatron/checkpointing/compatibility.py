@@ -2,9 +2,8 @@
 
 `describe_run` records the parallel degrees, ZeRO stage, precision and model shape in the
 manifest. The model shape must match. A different layout (tensor / pipeline / data-parallel
-degree, ZeRO stage 0-2, fp32 vs bf16) is loaded by resharding (reshard.py); `layout_changes`
-says what differs. ZeRO stage 3 keeps the weights themselves partitioned: such a checkpoint or
-run loads only at the layout that saved it.
+degree, ZeRO stage, fp32 vs bf16) is loaded by resharding (reshard.py); `layout_changes` says
+what differs.
 """
 
 from __future__ import annotations
@@ -74,11 +73,6 @@ def mismatches(saved: dict, current: dict, format_version: int) -> list[str]:
         a, b = saved.get(key), current.get(key)
         if a is not None and b is not None and a != b:
             out.append(f"{key}: checkpoint {a}, this run {b}")
-    changes = layout_changes(saved, current)
-    stages = (saved.get("zero_stage"), current.get("zero_stage"))
-    if changes and 3 in stages:
-        out += [f"{c} (ZeRO stage 3 stores the weights themselves partitioned: it loads only "
-                "at the layout that saved it)" for c in changes]
     return out
 
 
@@ -89,6 +83,5 @@ def check_compatible(saved: dict, current: dict, format_version: int, where: str
         return
     raise CheckpointMismatchError(
         f"cannot load checkpoint {where}:\n  - " + "\n  - ".join(found)
-        + "\nThe model shape must match the checkpoint's (use its model config). Other parallel "
-        "degrees, ZeRO stages 0-2 and fp32/bf16 are resharded on load; with ZeRO stage 3, run "
-        "with the checkpoint's own layout.")
+        + "\nThe model shape must match the checkpoint's (use its model config); other parallel "
+        "degrees, ZeRO stages and fp32/bf16 are resharded on load.")

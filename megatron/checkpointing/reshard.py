@@ -1,5 +1,5 @@
 """Loading a checkpoint into another parallel layout: tensor, pipeline and data-parallel
-degrees, ZeRO stage (0-2) and fp32/bf16 may all differ from the run that saved it.
+degrees, ZeRO stage (0-3) and fp32/bf16 may all differ from the run that saved it.
 
     1. read: the saved files become full, layout-free state (FullState): canonical weights
        (`<layer>.<path>`, see megatron.model.partition), and per canonical name the fp32
@@ -7,8 +7,9 @@ degrees, ZeRO stage (0-2) and fp32/bf16 may all differ from the run that saved i
        data-parallel partitions (each rank's shards/rank_<r>.json says what its files hold);
        the step count, LR schedule and engine counters
     2. place: every rank copies its own part into its engine: the weights into the module's
-       parameters, the moments into the torch optimizer's state or into its fragment of the
-       bf16/ZeRO flat fp32 buffers (DeepSpeed's per-parameter `_hp_mapping`)
+       parameters (ZeRO 3: their partitions), the moments into the torch optimizer's state or
+       into its fragment of the flat fp32 buffers (DeepSpeed's per-parameter `_hp_mapping` for
+       bf16 / ZeRO 1-2, `grad_position` for ZeRO 3)
 Nothing is communicated: every rank reads the files of the layers it holds (all their
 tensor-parallel shards and data-parallel partitions). Random generator
 states are per rank of the old layout and are not carried over (they only drive dropout).
@@ -114,39 +115,69 @@ def _rank_optimizer_state(step_dir: Path, index: dict, indexes: list[dict], stat
                     state.step = _as_step(values["step"])
                 if all(k in values for k in MOMENTS):
                     yield name, {k: values[k] for k in MOMENTS}
-    elif index["optimizer"] == "flat":
-        yield from _flat_state(step_dir, index, indexes, state)
+    elif index["optimizer"] in ("flat", "zero3"):
+        yield from _partitioned_state(step_dir, index, indexes, state)
     else:
         raise CheckpointMismatchError(
-            f"cannot reshard the optimizer state of {step_dir}: rank {index['rank']} saved "
-            f"{'none' if index['optimizer'] == 'none' else 'a ZeRO stage 3 partition'}. Load it "
-            "with the layout that saved it, or with no_load_optim=true")
+            f"cannot reshard the optimizer state of {step_dir}: rank {index['rank']} saved none "
+            "(no_save_optim). Load it with no_load_optim=true")
 
 
-def _flat_state(step_dir: Path, index: dict, indexes: list[dict], state: FullState):
-    """Slices of the fp32 buffers of a bf16/ZeRO 1-2 optimizer, concatenated over the
-    data-parallel ranks of this (pipeline, tensor) position."""
+def _partitioned_state(step_dir: Path, index: dict, indexes: list[dict], state: FullState):
+    """Each parameter's slices of the fp32 buffers of a bf16 / ZeRO 1-3 optimizer, from the
+    files of every data-parallel rank of this (pipeline, tensor) position."""
     position = (index["pipe"], index["model"])
     same = sorted((i for i in indexes if (i["pipe"], i["model"]) == position),
                   key=lambda i: i["data"])
     parts = [load_torch(step_dir / i["optimizer_file"])["optimizer_state_dict"] for i in same]
+    zero3 = index["optimizer"] == "zero3"
     for g, group in enumerate(index["groups"]):
-        per_key = {"master": torch.cat([p["single_partition_of_fp32_groups"][g] for p in parts])}
-        group_states = [_group_state(p["base_optimizer_state"], g) for p in parts]
+        if zero3:
+            master = [p["fp32_flat_groups"][g] for p in parts]
+            group_states = [p["optimizer_state_dict"]["state"][g] for p in parts]
+        else:
+            master = [p["single_partition_of_fp32_groups"][g] for p in parts]
+            group_states = [_group_state(p["base_optimizer_state"], g) for p in parts]
         if state.step is None and "step" in group_states[0]:
             state.step = _as_step(group_states[0]["step"])
-        for key in MOMENTS:
-            per_key[key] = torch.cat([s[key] for s in group_states])
-        offset = 0
-        for name, shape in group:
-            numel = int(torch.Size(shape).numel())
-            yield name, {k: v[offset:offset + numel].view(shape) for k, v in per_key.items()}
-            offset += numel
-        if offset > per_key["master"].numel():
-            raise CheckpointMismatchError(
-                f"{step_dir}: the optimizer files of pipeline stage {index['pipe']}, tensor rank "
-                f"{index['model']} hold {per_key['master'].numel()} values in group {g}, fewer "
-                f"than its parameters' {offset}: the files do not match their index")
+        per_rank = {"master": master, **{k: [s[k] for s in group_states] for k in MOMENTS}}
+        slicer = _zero3_slices if zero3 else _flat_slices
+        for name, values in slicer(group, per_rank):
+            yield name, values
+        _check_sizes(step_dir, index, g, group, per_rank["master"], zero3)
+
+
+def _flat_slices(group: list, per_rank: dict[str, list[torch.Tensor]]):
+    """bf16 / ZeRO 1-2: the ranks' parts end to end are the group's parameters end to end."""
+    flat = {k: torch.cat(v) for k, v in per_rank.items()}
+    offset = 0
+    for name, shape in group:
+        numel = int(torch.Size(shape).numel())
+        yield name, {k: v[offset:offset + numel].view(shape) for k, v in flat.items()}
+        offset += numel
+
+
+def _zero3_slices(group: list, per_rank: dict[str, list[torch.Tensor]]):
+    """ZeRO 3: every rank holds ceil(numel / dp) of each parameter, in parameter order."""
+    dp, offset = len(per_rank["master"]), 0
+    for name, shape in group:
+        numel = int(torch.Size(shape).numel())
+        part = -(-numel // dp)
+        yield name, {k: torch.cat([t[offset:offset + part] for t in v])[:numel].view(shape)
+                     for k, v in per_rank.items()}
+        offset += part
+
+
+def _check_sizes(step_dir: Path, index: dict, g: int, group: list, master: list, zero3: bool):
+    dp = len(master)
+    numels = [int(torch.Size(shape).numel()) for _, shape in group]
+    needed = sum(-(-n // dp) for n in numels) * dp if zero3 else sum(numels)
+    held = sum(int(m.numel()) for m in master)
+    if held < needed:
+        raise CheckpointMismatchError(
+            f"{step_dir}: the optimizer files of pipeline stage {index['pipe']}, tensor rank "
+            f"{index['model']} hold {held} values in group {g}, fewer than its parameters' "
+            f"{needed}: the files do not match their index")
 
 
 def _as_step(value) -> torch.Tensor:
@@ -174,12 +205,15 @@ def place_full_state(engine, full: FullState, gated_mlp: bool, load_optimizer: b
     missing = sorted({name for name, _ in params} - set(full.weights))
     if missing:
         raise CheckpointMismatchError(f"the checkpoint has no weights for {', '.join(missing)}")
-    with torch.no_grad():
-        for name, p in params:  # the fp32 master copy where there is one: the exact weights
-            source = full.master.get(name, full.weights[name])
-            p.copy_(local_shard(source, name, engine.tp, gated_mlp))
     kind = shard_index.optimizer_kind(ds.optimizer)
     with_moments = load_optimizer and full.has_optimizer
+    if kind == "zero3":
+        _place_zero3(ds.optimizer, params, full, engine.tp, gated_mlp, with_moments)
+    else:
+        with torch.no_grad():
+            for name, p in params:  # the fp32 master copy where there is one: the exact weights
+                source = full.master.get(name, full.weights[name])
+                p.copy_(local_shard(source, name, engine.tp, gated_mlp))
     if kind == "flat":
         _place_flat(ds.optimizer, params, full, engine.tp, gated_mlp, with_moments)
     elif kind == "torch" and with_moments:
@@ -219,6 +253,31 @@ def _place_flat(optimizer, params, full: FullState, tp, gated_mlp: bool, with_mo
                 continue
             target = _flat_state_tensor(base, flat_param, key, full.step)
             target.narrow(0, hp.start, hp.numel).copy_(part)
+
+
+def _place_zero3(optimizer, params, full: FullState, tp, gated_mlp: bool, with_moments: bool):
+    """ZeRO 3: this rank's part of every parameter (ceil(numel / dp) values, the last part
+    padded with zeros) into the parameter's partition, the fp32 partition and the moments."""
+    import torch.distributed as dist
+
+    for name, p in params:
+        values = {"master": full.master.get(name, full.weights[name]),
+                  **(full.moments[name] if with_moments else {})}
+        rank = dist.get_rank(group=p.ds_process_group)
+        part = p.ds_tensor.numel()
+        group, offset, numel = optimizer.grad_position[optimizer.get_param_id(p)]
+        flat_param = optimizer.fp32_partitioned_groups_flat[group]
+        for key, value in values.items():
+            flat = local_shard(value, name, tp, gated_mlp).flatten()
+            padded = torch.nn.functional.pad(flat, (0, part * dist.get_world_size(
+                group=p.ds_process_group) - flat.numel()))
+            piece = padded[rank * part:(rank + 1) * part]
+            if key == "master":
+                p.ds_tensor.data.copy_(piece)
+                target = flat_param
+            else:
+                target = _flat_state_tensor(optimizer.optimizer, flat_param, key, full.step)
+            target.data.narrow(0, offset, numel).copy_(piece[:numel])
 
 
 def _flat_state_tensor(base, flat_param: torch.Tensor, key: str, step) -> torch.Tensor:

@@ -14,6 +14,9 @@ shard) shapes of the parameters in the order the optimizer holds them:
 - "flat": DeepSpeed's bf16 optimizer or ZeRO stage 1/2, which lay each group's parameters end
   to end in one fp32 buffer (padding only at the end) and split it into equal parts over the
   data-parallel ranks; the part of data-parallel rank d is in that rank's optimizer file.
+- "zero3": ZeRO stage 3, which splits every parameter into ceil(numel / dp) parts (the last
+  one padded) and lays rank d's parts of a (sub)group's parameters end to end in its file.
+  Shapes are the full (tensor-parallel shard) shapes, not the partitions.
 """
 
 from __future__ import annotations
@@ -35,14 +38,17 @@ def index_file(rank: int) -> str:
 
 
 def optimizer_kind(optimizer) -> str:
-    """"flat" (DeepSpeed bf16 / ZeRO 1-2 wrapper), "torch" (a plain torch optimizer) or "none"."""
+    """"flat" (DeepSpeed bf16 / ZeRO 1-2 wrapper), "zero3", "torch" (a plain torch optimizer)
+    or "none"."""
     if optimizer is None:
         return "none"
     if hasattr(optimizer, "bf16_groups") or hasattr(optimizer, "bit16_groups"):
         return "flat"
+    if hasattr(optimizer, "fp32_partitioned_groups_flat"):
+        return "zero3"
     if hasattr(optimizer, "param_groups") and not hasattr(optimizer, "dp_process_group"):
         return "torch"
-    return "none"  # ZeRO stage 3: not indexed, not reshardable
+    return "none"
 
 
 def flat_groups(optimizer) -> list[list]:
@@ -63,6 +69,8 @@ def describe(engine, root: Path, tag: str, save_optimizer: bool) -> dict:
     names = {id(p): canonical_param_name(n) for n, p in ds.module.named_parameters()}
     if kind == "flat":
         groups = flat_groups(ds.optimizer)
+    elif kind == "zero3":
+        groups = ds.optimizer.fp16_groups
     elif kind == "torch":
         groups = [g["params"] for g in ds.optimizer.param_groups]
     else:
@@ -71,8 +79,9 @@ def describe(engine, root: Path, tag: str, save_optimizer: bool) -> dict:
             "model": coords.model, "tp": engine.topology.tp, "optimizer": kind,
             "model_file": os.path.basename(ds._get_ckpt_name(str(root), tag)),
             "optimizer_file": (os.path.basename(ds._get_zero_ckpt_name(str(root), tag))
-                               if kind == "flat" else None),
-            "groups": [[[names[id(p)], list(p.shape)] for p in g] for g in groups]}
+                               if kind in ("flat", "zero3") else None),
+            "groups": [[[names[id(p)], list(getattr(p, "ds_shape", p.shape))] for p in g]
+                       for g in groups]}
 
 
 def save(checkpoint_dir: Path, index: dict) -> FileRecord:

@@ -51,6 +51,6 @@ def _layer_of(path: Path) -> int:
 
 
 def _is_zero3(step_dir: Path) -> bool:
-    state = torch.load(next(step_dir.glob("zero_pp_rank_0_*optim_states.pt")), map_location="cpu",
+    state = torch.load(next(step_dir.glob("*zero_pp_rank_0_*optim_states.pt")), map_location="cpu",
                        weights_only=False)
     return state.get("ds_config", {}).get("zero_optimization", {}).get("stage") == 3

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Rewrite a checkpoint at another parallel layout (tensor / pipeline / data-parallel degree,
-ZeRO stage 0-2, fp32 or bf16), without training. Runs on the workers of the new layout:
+ZeRO stage 0-3, fp32 or bf16), without training. Runs on the workers of the new layout:
 
     python deepy.py tools/ckpts/reshard.py configs/tiny.yml \
         load=checkpoints/tiny save=checkpoints/tiny_tp2 model_parallel_size=2
