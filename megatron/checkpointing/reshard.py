@@ -73,8 +73,32 @@ def read_full_state(step_dir: Path, manifest: Manifest, gated_mlp: bool, with_op
             f"cannot load the optimizer state of {step_dir} into another parallel layout: the "
             f"checkpoint has no {shard_index.INDEX_DIR}/ index (it was written by an older "
             "version). Load it with the layout that saved it, or with no_load_optim=true")
+    for name, merged in _optimizer_tensors(step_dir, indexes, state, tp, gated_mlp, wanted):
+        if "master" in merged:
+            state.master[name] = merged.pop("master")
+        state.moments[name] = merged
+    return state
+
+
+def zero3_weights(step_dir: Path, tp: int, gated_mlp: bool, wanted: set[str] | None = None
+                  ) -> dict[str, torch.Tensor] | None:
+    """Canonical fp32 weights of a ZeRO stage 3 checkpoint (which keeps them only as the
+    optimizer's partitions), any tensor-parallel degree; None without a shard index."""
+    names = [p.relative_to(step_dir).as_posix() for p in step_dir.glob(
+        f"{shard_index.INDEX_DIR}/*.json")]
+    indexes = shard_index.load_all(step_dir, names)
+    if not indexes or any(i["optimizer"] != "zero3" for i in indexes):
+        return None
+    found = _optimizer_tensors(step_dir, indexes, FullState(weights={}), tp, gated_mlp, wanted)
+    return {name: merged["master"] for name, merged in found}
+
+
+def _optimizer_tensors(step_dir: Path, indexes: list[dict], state: FullState, tp: int,
+                       gated_mlp: bool, wanted: set[str] | None):
+    """(canonical name, {"master"?, "exp_avg", "exp_avg_sq"}) merged over tensor ranks; the
+    step count goes into `state`."""
     shards: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
-    for index in writers:
+    for index in (i for i in indexes if i["data"] == 0):
         held = {name for group in index["groups"] for name, _ in group}
         if wanted is not None and not held & wanted:
             continue  # another pipeline stage's files
@@ -82,11 +106,7 @@ def read_full_state(step_dir: Path, manifest: Manifest, gated_mlp: bool, with_op
             if wanted is None or name in wanted:
                 shards.setdefault(name, {}).setdefault(index["model"], values)
     for name, per_rank in shards.items():
-        merged = _merge(name, [per_rank[r] for r in range(tp)], gated_mlp)
-        if "master" in merged:
-            state.master[name] = merged.pop("master")
-        state.moments[name] = merged
-    return state
+        yield name, _merge(name, [per_rank[r] for r in range(tp)], gated_mlp)
 
 
 def _merge(name: str, per_rank: list[dict[str, torch.Tensor]], gated_mlp: bool

@@ -31,6 +31,11 @@ def full_weights(step_dir: Path, tp: int, gated_mlp: bool = False,
             out.update({f"{layer}.{k}": v for k, v in merged.items()})
         return out
     if list(step_dir.glob("zero_pp_rank_*_model_states.pt")) and _is_zero3(step_dir):
+        from megatron.checkpointing.reshard import zero3_weights
+
+        found = zero3_weights(step_dir, tp, gated_mlp)  # our shard index: any tp degree
+        if found is not None:
+            return found
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         state = get_fp32_state_dict_from_zero_checkpoint(str(step_dir.parent), tag=step_dir.name)
