@@ -1,0 +1,63 @@
+"""A checkpoint described for people: what it holds, how it was trained, whether it is intact.
+
+    lines, problems = describe_checkpoint(Path("checkpoints/tiny"), iteration=None, verify=True)
+
+Reads the manifest only (and, with `verify`, hashes every file); no torch.distributed, no
+DeepSpeed, nothing unpickled.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from megatron.checkpointing.errors import CorruptFileError
+from megatron.checkpointing.layout import LATEST, read_latest, saved_iterations, tag_for
+from megatron.checkpointing.manifest import check_files, read_manifest
+
+
+def step_directory(path: Path, iteration: int | None) -> Path:
+    """`path` itself when it is a checkpoint, else the save directory's `iteration` or latest."""
+    if (path / "manifest.json").is_file() and iteration is None:
+        return path
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} does not exist")
+    tag = tag_for(iteration) if iteration is not None else read_latest(path)
+    if tag is None:
+        found = ", ".join(str(i) for i in saved_iterations(path)) or "none"
+        raise FileNotFoundError(f"{path} has no '{LATEST}' file (saved iterations: {found}); "
+                                "pass --iteration or a global_step<N> directory")
+    if not (path / tag).is_dir():
+        found = ", ".join(str(i) for i in saved_iterations(path)) or "none"
+        raise FileNotFoundError(f"{path / tag} does not exist (saved iterations: {found})")
+    return path / tag
+
+
+def describe_checkpoint(path: Path, iteration: int | None = None, verify: bool = False
+                        ) -> tuple[list[str], list[str]]:
+    """(lines describing the checkpoint, problems found); a missing or unreadable manifest is
+    a problem, not an exception."""
+    step = step_directory(Path(path), iteration)
+    try:
+        manifest = read_manifest(step)
+    except CorruptFileError as err:
+        return [f"checkpoint {step}"], [str(err)]
+    run, state = manifest.run, manifest.client_state
+    layout = ", ".join(f"{k} {run.get(k)}" for k in ("tp", "pp", "dp", "zero_stage", "precision"))
+    shape = ", ".join(f"{k} {run[k]}" for k in ("num_layers", "hidden_size",
+                                                "num_attention_heads", "num_kv_heads",
+                                                "intermediate_size", "padded_vocab_size")
+                      if k in run)
+    held = ["weights"] + [k for k, v in manifest.contents.items() if v and k != "engine"]
+    lines = [f"checkpoint {step} (format {manifest.format_version})",
+             f"iteration {manifest.iteration}, consumed samples "
+             f"{state.get('consumed_train_samples', 'unknown')}",
+             f"layout: {layout}", f"model: {shape}", f"holds: {', '.join(held)}",
+             f"files: {len(manifest.files)}, {manifest.total_bytes / 2**20:.1f} MiB",
+             "written with " + ", ".join(f"{k} {v}" for k, v in manifest.versions.items())]
+    problems = check_files(step, manifest, manifest.files if verify else (),
+                           threads=min(4, os.cpu_count() or 1))
+    lines.append(("verified: every file matches its size and sha256" if verify else
+                  "sizes checked (--verify also hashes every file)") if not problems else
+                 f"{len(problems)} problem(s)")
+    return lines, problems
