@@ -224,7 +224,10 @@ def place_full_state(engine, full: FullState, gated_mlp: bool, load_optimizer: b
     params = [(canonical_param_name(n), p) for n, p in ds.module.named_parameters()]
     missing = sorted({name for name, _ in params} - set(full.weights))
     if missing:
-        raise CheckpointMismatchError(f"the checkpoint has no weights for {', '.join(missing)}")
+        raise CheckpointMismatchError(
+            f"the checkpoint has no weights for {', '.join(missing)}: this run's model differs "
+            "from the checkpoint's (e.g. untied embeddings, no_weight_tying, where it tied "
+            "them); use the model config the checkpoint was trained with")
     kind = shard_index.optimizer_kind(ds.optimizer)
     with_moments = load_optimizer and full.has_optimizer
     if kind == "zero3":
