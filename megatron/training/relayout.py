@@ -43,4 +43,6 @@ def _reshard(args) -> Path:
     if not resumed:
         raise FileNotFoundError(f"no checkpoint to reshard in {args.checkpoint.load}")
     iteration = int(resumed.pop("iteration"))
-    return save_checkpoint(engine, args, iteration, resumed)
+    saved = save_checkpoint(engine, args, iteration, resumed)
+    dist.barrier()  # leave the process group together: no rank tears it down under another
+    return saved
