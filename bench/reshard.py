@@ -37,7 +37,7 @@ def _save(rank, world, run_dir, shape):
     args = engines.make_args(Path(run_dir), model_parallel_size=2, pipe_parallel_size=1, **shape)
     engine = engines.build(args)
     engines.train(engine, args, 1)
-    save_checkpoint(engine, args, 1, {})
+    save_checkpoint(engine, args.checkpoint, 1, {})
     return sum(p.numel() for p in engine.engine.module.parameters())
 
 
@@ -53,7 +53,7 @@ def _load(rank, world, run_dir, shape, layout, repeats):
     for _ in range(repeats):
         dist.barrier()
         start = time.perf_counter()
-        load_checkpoint(engine, args)
+        load_checkpoint(engine, args.checkpoint)
         dist.barrier()
         best = min(best, time.perf_counter() - start)
     return best

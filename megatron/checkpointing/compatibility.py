@@ -11,9 +11,8 @@ from __future__ import annotations
 from megatron.checkpointing import collectives
 from megatron.checkpointing.errors import CheckpointMismatchError
 from megatron.checkpointing.manifest import FORMAT_VERSION
-
-SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
-              "intermediate_size", "padded_vocab_size")
+from megatron.checkpointing.optimizer_layouts import full_shape
+from megatron.checkpointing.model_shape import shape_mismatches
 _NAMES = {"tp": "model_parallel_size (tp)", "pipe_parallel_size": "pipe_parallel_size",
           "dp": "data-parallel size", "zero_stage": "zero_optimization.stage",
           "precision": "precision"}
@@ -25,23 +24,20 @@ def padded_vocab_size(module, tp: int) -> int | None:
     local = None
     for name, param in module.named_parameters():
         if name.endswith("word_embeddings.weight"):
-            local = int(getattr(param, "ds_shape", param.shape)[0]) * tp  # ZeRO 3: full shape
+            local = int(full_shape(param)[0]) * tp  # ZeRO 3: the full shape
             break
     found = [v for v in collectives.all_gather(local) if v is not None]
     return max(found) if found else None
 
 
-def describe_run(args, engine) -> dict:
-    """This run's degrees, ZeRO stage, precision and model shape. Collective (vocab lookup)."""
-    m, d, topo = args.model, args.derived, engine.topology
-    return {"tp": topo.tp, "pp": topo.pp,
-            "pipe_parallel_size": args.parallelism.pipe_parallel_size,
+def describe_run(engine) -> dict:
+    """The manifest's `run`: this run's degrees, ZeRO stage, precision and model shape (from
+    `engine.run`, see run.py). Collective (vocab lookup)."""
+    run, topo = engine.run, engine.topology
+    return {"tp": topo.tp, "pp": topo.pp, "pipe_parallel_size": run.pipe_parallel_size,
             "dp": topo.dp, "world_size": topo.world_size,
-            "zero_stage": d.zero_stage, "precision": d.precision,
-            "num_layers": m.num_layers, "hidden_size": m.hidden_size,
-            "num_attention_heads": m.num_attention_heads, "num_kv_heads": d.num_kv_heads,
-            "intermediate_size": d.intermediate_size,
-            "padded_vocab_size": padded_vocab_size(engine.engine.module, topo.tp)}
+            "zero_stage": run.zero_stage, "precision": run.precision,
+            **run.shape, "padded_vocab_size": padded_vocab_size(engine.engine.module, topo.tp)}
 
 
 def dp_change_supported(saved: dict, current: dict) -> bool:
@@ -69,11 +65,7 @@ def mismatches(saved: dict, current: dict, format_version: int) -> list[str]:
     if format_version > FORMAT_VERSION:
         out.append(f"format_version: checkpoint {format_version}, this code reads up to "
                    f"{FORMAT_VERSION} (update the code)")
-    for key in SHAPE_KEYS:
-        a, b = saved.get(key), current.get(key)
-        if a is not None and b is not None and a != b:
-            out.append(f"{key}: checkpoint {a}, this run {b}")
-    return out
+    return out + shape_mismatches(saved, current)
 
 
 def check_compatible(saved: dict, current: dict, format_version: int, where: str) -> None:

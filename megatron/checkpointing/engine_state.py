@@ -8,9 +8,10 @@ joins DeepSpeed's collectives; the save is then aborted on all ranks together (s
 
 Two gaps of DeepSpeed 0.19 are filled here:
 - no_save_optim: DeepSpeed always writes the optimizer; it is hidden from it for the call.
-- bf16 without ZeRO (BF16_Optimizer): DeepSpeed's load hands the one saved state to an optimizer
-  that indexes it by data-parallel rank (KeyError: 0); this rank's partition file
-  `bf16_zero_pp_rank_<dp>_mp_rank_<mp>_optim_states.pt` is loaded here instead.
+- bf16 without ZeRO: DeepSpeed's load hands the one saved state to an optimizer that indexes it
+  by data-parallel rank (KeyError: 0); this rank's partition file
+  `bf16_zero_pp_rank_<dp>_mp_rank_<mp>_optim_states.pt` is loaded instead.
+What either needs of DeepSpeed's internals is in optimizer_layouts.py.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from megatron.checkpointing import collectives
+from megatron.checkpointing import collectives, optimizer_layouts
 from megatron.checkpointing.durable import FileRecord, load_torch, write_torch
 from megatron.checkpointing.errors import CheckpointError
 from megatron.checkpointing.layout import read_latest
@@ -32,8 +33,6 @@ from megatron.monitoring.logger import get_logger
 log = get_logger(__name__)
 
 _MARGIN = 1.1  # pickled metadata, DeepSpeed's bookkeeping
-_FP32_MASTER_ATTRS = ("single_partition_of_fp32_groups", "fp32_groups_flat_partition",
-                      "fp32_partitioned_groups_flat")
 
 
 class DurableCheckpointEngine:
@@ -125,12 +124,11 @@ def _optimizer_hidden(ds, hide: bool):
     if not hide:
         yield
         return
-    saved = ds.optimizer, ds.save_zero_checkpoint
-    ds.optimizer, ds.save_zero_checkpoint = None, False
+    saved = optimizer_layouts.hide_optimizer_from_save(ds, hidden=True)
     try:
         yield
     finally:
-        ds.optimizer, ds.save_zero_checkpoint = saved
+        optimizer_layouts.restore_optimizer(ds, saved)
 
 
 def save_engine_state(engine, root: Path, staging: str, client_state: dict, save_optimizer: bool,
@@ -180,40 +178,20 @@ def estimate_bytes(engine, save_optimizer: bool, zero_stage: int) -> int:
     ds = engine.engine
     params = 0
     for p in ds.module.parameters():
-        stored = getattr(p, "ds_tensor", p)  # ZeRO 3: this rank's partition
+        stored = optimizer_layouts.stored_tensor(p)  # ZeRO 3: this rank's partition
         params += stored.numel() * stored.element_size()
     optim = 0
     if save_optimizer and ds.optimizer is not None:
         optim = _tensor_bytes(getattr(ds.optimizer, "state", {}).values())
-        optim += sum(_tensor_bytes(getattr(ds.optimizer, a, ())) for a in _FP32_MASTER_ATTRS)
+        optim += _tensor_bytes(optimizer_layouts.master_tensors(ds.optimizer))
     dp = engine.topology.dp
-    partitioned_optim = hasattr(ds.optimizer, "dp_process_group")  # ZeRO or bf16 wrapper
+    partitioned_optim = optimizer_layouts.partitioned(ds.optimizer)  # ZeRO or bf16 wrapper
     totals = collectives.all_gather((params, optim))
     params_total = sum(t[0] for t in totals) // (1 if zero_stage == 3 else dp)
     optim_total = sum(t[1] for t in totals) // (1 if partitioned_optim else dp)
-    if ds.optimizer is not None and _is_bf16_without_zero(ds):
+    if ds.optimizer is not None and optimizer_layouts.is_bf16_wrapper(ds.optimizer):
         optim_total += optim_total // dp  # model states repeat data-parallel rank 0's partition
     return int((params_total + optim_total) * _MARGIN)
-
-
-def _is_bf16_without_zero(ds) -> bool:
-    from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
-
-    return isinstance(ds.optimizer, BF16_Optimizer)
-
-
-def _load_bf16_partition(ds, root: Path, tag: str) -> None:
-    """Load this data-parallel rank's BF16_Optimizer partition (fp32 master + moments)."""
-    import torch.distributed as dist
-
-    path = ds._get_zero_ckpt_name(str(root), tag)  # DeepSpeed's own name for this rank's file
-    if not os.path.isfile(path):
-        raise CheckpointError(f"{path} is missing: the checkpoint has no bf16 optimizer partition "
-                              "for this data-parallel rank")
-    state = ds.checkpoint_engine.load(path, map_location="cpu")["optimizer_state_dict"]
-    dp_rank = dist.get_rank(group=ds.optimizer.dp_process_group)
-    per_rank = [None] * dp_rank + [state]
-    ds.optimizer.load_state_dict(per_rank, load_optimizer_states=True, load_from_fp32_weights=True)
 
 
 def load_engine_state(engine, root: Path, tag: str, module_only: bool, load_optimizer: bool,
@@ -221,13 +199,14 @@ def load_engine_state(engine, root: Path, tag: str, module_only: bool, load_opti
     """DeepSpeed loads `root/tag` into the engine. Collective."""
     ds = engine.engine
     install(ds)
-    if ds.zero_optimization_partition_weights() and not load_optimizer and read_latest(root) != tag:
+    if (optimizer_layouts.partitions_weights(ds) and not load_optimizer
+            and read_latest(root) != tag):
         # DeepSpeed then rebuilds the weights from the checkpoint `latest` names, not from `tag`
         raise CheckpointError(
             f"cannot load {root / tag} without its optimizer state under ZeRO stage 3 while "
             f"{root / 'latest'} names {read_latest(root)!r}: DeepSpeed would read the weights of "
             "that one. Point `latest` at the checkpoint to load, or load the optimizer state")
-    bf16_wrapper = _is_bf16_without_zero(ds)
+    bf16_wrapper = optimizer_layouts.is_bf16_wrapper(ds.optimizer)
     path, _ = ds.load_checkpoint(str(root), tag=tag, load_module_only=module_only,
                                  load_optimizer_states=load_optimizer and not bf16_wrapper,
                                  load_lr_scheduler_states=load_lr_schedule)
@@ -236,6 +215,6 @@ def load_engine_state(engine, root: Path, tag: str, module_only: bool, load_opti
                               "above")
     if bf16_wrapper and not module_only:
         if load_optimizer:
-            _load_bf16_partition(ds, root, tag)
+            optimizer_layouts.load_bf16_partition(ds, root, tag)
         else:
-            ds.optimizer.refresh_fp32_params()  # fp32 master copies from the loaded weights
+            optimizer_layouts.refresh_masters(ds.optimizer)  # fp32 masters from the weights

@@ -9,11 +9,11 @@
     <out>/tokenizer.json              for tokenizers built on `tokenizers` (HFTokenizer,
     <out>/tokenizer_config.json       GPT2BPETokenizer, HFGPT2Tokenizer); others: a warning
 
-The weights come from `weights.full_weights` (any tensor/pipeline degree, any ZeRO stage); the
-model and tokenizer come from the run config `args`, whose architecture must agree with the
-checkpoint's own config.yml. vocab_size stays the padded vocabulary (every row the checkpoint
-embeds), so the HF logits equal ours column for column; the tokenizer never produces the extra
-ids. Precision "auto" keeps the dtype the checkpoint's weights are stored in (fp32 for fp32
+The weights come from `reader.read_checkpoint`, every file verified first (any tensor/pipeline
+degree, any ZeRO stage); the model and tokenizer come from the run config `args`, whose
+architecture must agree with the checkpoint's own config.yml. vocab_size stays the padded
+vocabulary (every row the checkpoint embeds), so the HF logits equal ours column for column;
+the tokenizer never produces the extra ids. Precision "auto" keeps the dtype the checkpoint's weights are stored in (fp32 for fp32
 training, the bf16/fp16 module weights of mixed-precision runs); fp32/bf16/fp16 cast to it.
 """
 
@@ -24,7 +24,10 @@ from pathlib import Path
 
 import torch
 
-from megatron.checkpointing.layout import CONFIG_NAME, LATEST, iteration_of
+from megatron.checkpointing.layout import CONFIG_NAME
+from megatron.checkpointing.locate import step_directory
+from megatron.checkpointing.model_shape import check_architecture
+from megatron.checkpointing.reader import CheckpointWeights, read_checkpoint
 from megatron.model.config import ModelConfig, model_config_from_args
 from megatron.model.hf_mapping import HF_CLASSES, architecture_for, to_hf_model
 from megatron.monitoring.logger import get_logger
@@ -43,7 +46,7 @@ def export_to_hf(step_dir: Path, args, output_dir: Path, architecture: str = "au
     if precision != "auto" and precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is not known; valid: auto, "
                          f"{', '.join(PRECISIONS)}")
-    step_dir = resolve_step(Path(step_dir))
+    step_dir = step_directory(Path(step_dir))
     # refused before any weight is read (the vocabulary size plays no part in the choice)
     name = architecture_for(model_config_from_args(args, 1), architecture)
     tok = args.tokenizer
@@ -63,42 +66,23 @@ def export_to_hf(step_dir: Path, args, output_dir: Path, architecture: str = "au
     return output_dir
 
 
-def resolve_step(step_dir: Path) -> Path:
-    """`step_dir` checked to be a checkpoint, or the one `latest` names in a save directory."""
-    from megatron.text_generation.loading import checkpoint_dir
-
-    if not step_dir.is_dir():
-        raise FileNotFoundError(f"checkpoint directory {step_dir} does not exist")
-    if (step_dir / LATEST).is_file():  # the save directory: its latest checkpoint
-        step_dir = checkpoint_dir(str(step_dir), None)
-    if iteration_of(step_dir.name) is None:
-        raise ValueError(f"{step_dir} is not a checkpoint: expected <save>/global_step<N> (or a "
-                         f"save directory with a '{LATEST}' file)")
-    return step_dir
-
-
 def read_step_config(step_dir: Path) -> Path:
     """The config.yml the checkpoint was saved with (the default run config of an export)."""
-    path = resolve_step(step_dir) / CONFIG_NAME
+    path = step_directory(step_dir) / CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: the checkpoint does not record its config; "
                                 "pass the training config files")
     return path
 
 
-def read_step(step_dir: Path):
-    """The checkpoint's full weights and saved config (loading.CheckpointWeights)."""
-    from megatron.text_generation.loading import read_checkpoint
-
-    step_dir = resolve_step(step_dir)
-    return read_checkpoint(str(step_dir.parent), iteration_of(step_dir.name))
+def read_step(step_dir: Path) -> CheckpointWeights:
+    """The checkpoint's full weights (verified) and saved config."""
+    return read_checkpoint(step_directory(step_dir))
 
 
 def exported_config(args, ck, tokenizer) -> ModelConfig:
     """The ModelConfig of the run config, with the checkpoint's padded vocabulary; ValueError
     when it differs from the checkpoint's own architecture or the tokenizer does not fit."""
-    from megatron.text_generation.loading import check_architecture
-
     trained = ck.trained_vocab
     ids = max(tokenizer.vocab_size, tokenizer.max_token_id + 1)
     if ids > trained:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from megatron.model.config import ModelConfig, model_config_from_args
-from megatron.text_generation.loading import ARCHITECTURE_FIELDS
+from megatron.checkpointing.model_shape import ARCHITECTURE_FIELDS
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -36,7 +36,7 @@ def import_from_hf(hf_dir: Path, args, save_dir: Path, tp: int | None = None,
     tensor-parallel ranks (default: the config's model_parallel_size); returns that path."""
     from megatron.checkpointing.weights_only import config_for_tp, write_weights_checkpoint
     from megatron.model.hf_mapping import canonical_from_hf, hf_model_config
-    from megatron.text_generation.loading import resize_vocab
+    from megatron.checkpointing.reader import resize_vocab
 
     hf_dir = Path(hf_dir)
     hf_cfg = read_hf_config(hf_dir)

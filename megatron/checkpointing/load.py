@@ -16,29 +16,28 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from megatron.checkpointing import collectives, data_position, engine_state, reshard, rng
 from megatron.checkpointing.compatibility import check_compatible, describe_run, layout_changes
-from megatron.checkpointing.errors import CorruptFileError, NoValidCheckpointError
-from megatron.checkpointing.layout import (LATEST, read_latest, rng_file, saved_iterations,
-                                           tag_for)
-from megatron.checkpointing.manifest import Manifest, assign_files, check_files, read_manifest
+from megatron.checkpointing.errors import NoValidCheckpointError
+from megatron.checkpointing.layout import rng_file
+from megatron.checkpointing.locate import damaged, find_candidates, verify_checkpoint
+from megatron.checkpointing.manifest import Manifest
 from megatron.checkpointing.retention import remove_leftovers
 from megatron.monitoring.logger import get_logger
 
 log = get_logger(__name__)
 
 
-def load_checkpoint(engine, args) -> dict:
-    """Load `load` (its newest valid checkpoint, or the chosen `iteration`) into the engine.
+def load_checkpoint(engine, ck) -> dict:
+    """Load `ck.load` (its newest valid checkpoint, or the chosen `ck.iteration`) into the
+    engine; `ck` is the checkpoint section of the config, `engine.run` describes the run.
 
     Returns the saved client state (iteration, consumed samples, ...); {} when there is nothing
     to load or with `finetune` (weights only, iteration count restarts). `no_load_optim` keeps
     the fresh optimizer and LR schedule, `no_load_rng` the seeded generators. Collective.
     """
-    ck = args.checkpoint
     if not ck.load:
         return {}
     root = Path(ck.load)
@@ -48,22 +47,21 @@ def load_checkpoint(engine, args) -> dict:
     if not candidates:
         log.info("no checkpoint in %s: starting from iteration 0", root)
         return {}
-    current = describe_run(args, engine)
     rejected: list[tuple[str, list[str]]] = []
     for tag in candidates:
         manifest, problems = verify_checkpoint(root / tag)
         if problems:
-            _loud(f"checkpoint {root / tag} is damaged and will not be loaded:\n  - "
-                  + "\n  - ".join(problems))
+            _loud(damaged(root / tag, problems))
             rejected.append((tag, problems))
             if ck.iteration is not None:
                 break
             continue
+        current = describe_run(engine)
         check_compatible(manifest.run, current, manifest.format_version, root / tag)
         if rejected:
             _loud(f"loading {root / tag} instead, the newest checkpoint that verifies "
                   f"(skipped: {', '.join(t for t, _ in rejected)})")
-        return _load(engine, args, root, tag, manifest, layout_changes(manifest.run, current))
+        return _load(engine, ck, root, tag, manifest, layout_changes(manifest.run, current))
     raise NoValidCheckpointError(
         f"no checkpoint in {root} can be loaded:\n"
         + "\n".join(f"  {tag}:\n    - " + "\n    - ".join(p) for tag, p in rejected)
@@ -87,45 +85,7 @@ def _agreed_candidates(root: Path, iteration: int | None) -> list[str]:
     return candidates
 
 
-def find_candidates(root: Path, iteration: int | None) -> tuple[list[str], list[str]]:
-    """(tags to try in order, warnings about `latest`). FileNotFoundError for a missing chosen
-    iteration."""
-    saved = [tag_for(i) for i in reversed(saved_iterations(root))]
-    if iteration is not None:
-        tag = tag_for(iteration)
-        if not (root / tag).is_dir():
-            numbers = ", ".join(str(i) for i in saved_iterations(root)) or "none"
-            raise FileNotFoundError(f"checkpoint {root / tag} (iteration={iteration}) does not "
-                                    f"exist; saved iterations in {root}: {numbers}")
-        return [tag], []
-    latest = read_latest(root)
-    if latest is None:
-        notes = [f"{root / LATEST} is missing but {root} holds {', '.join(saved)}: loading the "
-                 "newest one that verifies"] if saved else []
-        return saved, notes
-    if not (root / latest).is_dir():
-        return saved, [f"{root / LATEST} names {latest!r} but {root / latest} does not exist; "
-                       "loading the newest checkpoint that verifies instead"]
-    return [latest] + [t for t in saved if t != latest], []
-
-
-def verify_checkpoint(directory: Path) -> tuple[Manifest | None, list[str]]:
-    """(manifest, problems found by any rank). Collective: every rank checks the sizes of all
-    files and hashes its share of them."""
-    rank, world = collectives.rank(), collectives.world_size()
-    manifest = None
-    try:
-        manifest = read_manifest(directory)
-        share = assign_files(manifest.files, world)[rank]
-        local = check_files(directory, manifest, share, threads=min(4, os.cpu_count() or 1))
-    except CorruptFileError as err:
-        local = [str(err)]
-    problems = sorted({p for found in collectives.all_gather(local) for p in found})
-    return (None if problems else manifest), problems
-
-
-def _load(engine, args, root: Path, tag: str, manifest: Manifest, changes: list[str]) -> dict:
-    ck = args.checkpoint
+def _load(engine, ck, root: Path, tag: str, manifest: Manifest, changes: list[str]) -> dict:
     has_optimizer = bool(manifest.contents.get("optimizer", True))
     keep_fresh = bool(ck.finetune or ck.no_load_optim)
     if not has_optimizer and not keep_fresh and collectives.rank() == 0:
@@ -134,7 +94,7 @@ def _load(engine, args, root: Path, tag: str, manifest: Manifest, changes: list[
         log.warning("checkpoint %s has no optimizer state (%s): the optimizer starts fresh",
                     root / tag, why)
     if changes or not manifest.contents.get("engine", True):
-        _load_resharded(engine, args, root / tag, manifest, changes,
+        _load_resharded(engine, ck, root / tag, manifest, changes,
                         load_optimizer=has_optimizer and not keep_fresh)
     else:
         engine_state.load_engine_state(engine, root, tag, module_only=bool(ck.finetune),
@@ -148,20 +108,17 @@ def _load(engine, args, root: Path, tag: str, manifest: Manifest, changes: list[
     return data_position.resumed_state(manifest.client_state)
 
 
-def _load_resharded(engine, args, directory: Path, manifest: Manifest, changes: list[str],
+def _load_resharded(engine, ck, directory: Path, manifest: Manifest, changes: list[str],
                     load_optimizer: bool) -> None:
     """Every rank reads the full state and takes its part (reshard.py)."""
-    from megatron.model.activations import GATED
-
-    ck = args.checkpoint
-    gated = args.model.activation in GATED
     wanted = reshard.local_names(engine)
     # the optimizer files are read whenever they exist: their fp32 master copies are the exact
     # weights (a bf16 run's module weights are rounded)
     saved_optimizer = bool(manifest.contents.get("optimizer", True))
-    full = reshard.read_full_state(directory, manifest, gated, saved_optimizer, wanted,
+    full = reshard.read_full_state(directory, manifest, saved_optimizer, wanted,
                                    required=load_optimizer)
-    reshard.place_full_state(engine, full, gated, load_optimizer=load_optimizer,
+    reshard.place_full_state(engine, full, engine.run.sharding, engine.run.optimizer_state,
+                             load_optimizer=load_optimizer,
                              load_lr_schedule=not (ck.finetune or ck.no_load_optim),
                              load_counters=not ck.finetune)
     _loud(f"resharded {directory} into this run's layout ("

@@ -1,9 +1,8 @@
-"""When to save (checkpoint_factor, checkpoint_scale, extra_save_iters), which old checkpoints to
-delete (keep_last_n_checkpoints), and removing what interrupted saves left behind (A20)."""
+"""Which old checkpoints to delete (keep_last_n_checkpoints), and removing what interrupted saves
+left behind (A20). When to save is `megatron.neox_arguments.derived.should_save`."""
 
 from __future__ import annotations
 
-import math
 import shutil
 from pathlib import Path
 
@@ -13,21 +12,6 @@ from megatron.checkpointing.layout import (DELETING_PREFIX, iteration_of, leftov
 from megatron.monitoring.logger import get_logger
 
 log = get_logger(__name__)
-
-
-def should_save(iteration: int, factor: int | float | None, scale: str, extra_iters) -> bool:
-    """GPT-NeoX's rule: at `extra_iters`, and every `factor` iterations (linear) or at
-    factor, factor^2, ... (log)."""
-    if extra_iters and iteration in set(extra_iters):
-        return True
-    if not factor or iteration <= 0:
-        return False
-    if scale == "log":
-        if factor < 2:
-            return False
-        power = round(math.log(iteration, factor))
-        return factor**power == iteration
-    return iteration % factor == 0
 
 
 def to_delete(iterations: list[int], keep_last: int | None, protect: set[int]) -> list[int]:

@@ -35,24 +35,24 @@ from megatron.monitoring.logger import get_logger
 log = get_logger(__name__)
 
 
-def save_checkpoint(engine, args, iteration: int, client_state: dict) -> Path:
-    """Write `<save>/global_step<iteration>/` on every rank and point `<save>/latest` at it.
+def save_checkpoint(engine, ck, iteration: int, client_state: dict) -> Path:
+    """Write `<save>/global_step<iteration>/` on every rank and point `<save>/latest` at it;
+    `ck` is the checkpoint section of the config, `engine.run` describes the run (run.py).
 
     Collective. Raises CheckpointSaveError on every rank when the save is aborted; the previous
     checkpoint then stays the one `latest` names.
     """
-    ck = args.checkpoint
-    root, tag = Path(ck.save), tag_for(iteration)
+    root, tag, run = Path(ck.save), tag_for(iteration), engine.run
     rank = collectives.rank()
-    if ck.no_save_optim and args.derived.zero_stage == 3:
+    if ck.no_save_optim and run.zero_stage == 3:
         raise ValueError("no_save_optim cannot be used with ZeRO stage 3: the weights themselves "
                          "live in the optimizer partitions; remove no_save_optim or use stage <= 2")
     state = data_position.client_state(iteration, client_state)
-    run = describe_run(args, engine)
-    needed = engine_state.estimate_bytes(engine, not ck.no_save_optim, args.derived.zero_stage)
+    described = describe_run(engine)
+    needed = engine_state.estimate_bytes(engine, not ck.no_save_optim, run.zero_stage)
     _raise_on_every_rank(_prepare(root, tag, needed) if rank == 0 else None)
 
-    written, error = _write_rank_files(engine, args, root, staging_tag(tag), state, iteration, rank)
+    written, error = _write_rank_files(engine, ck, root, staging_tag(tag), state, iteration, rank)
     faults.kill_if_planned(rank, iteration)  # TEST-ONLY hook (faults.py)
     reports = collectives.all_gather((written, error, state))  # the barrier before the commit
     _check_reports(root, tag, reports, rank)
@@ -61,12 +61,12 @@ def save_checkpoint(engine, args, iteration: int, client_state: dict) -> Path:
     if rank == 0:
         files = {name: FileEntry(rec.size, rec.sha256, r)
                  for r, (recs, _, _) in enumerate(reports) for name, rec in recs.items()}
-        manifest = Manifest(iteration=iteration, tag=tag, run=run,
+        manifest = Manifest(iteration=iteration, tag=tag, run=described,
                             contents={"optimizer": not ck.no_save_optim, "rng": not ck.no_save_rng},
-                            client_state=state, config=args.to_dict(), files=files,
+                            client_state=state, config=run.config, files=files,
                             versions=_versions())
-        outcome = _commit(root, tag, staging_tag(tag), manifest, args,
-                          engine_state.in_use(engine, root))
+        outcome = _commit(root, tag, staging_tag(tag), manifest, run.config_yaml,
+                          ck.keep_last_n_checkpoints, engine_state.in_use(engine, root))
     _raise_on_every_rank(outcome)
     log.info("saved checkpoint %s", root / tag)
     return root / tag
@@ -122,11 +122,10 @@ def _previous_size(root: Path) -> int:
         return 0
 
 
-def _write_rank_files(engine, args, root: Path, staging: str, state: dict, iteration: int,
+def _write_rank_files(engine, ck, root: Path, staging: str, state: dict, iteration: int,
                       rank: int):
     """This rank's DeepSpeed files, RNG file and shard index, in staging: (records, first error
     or None)."""
-    ck = args.checkpoint
 
     def before_write(path: Path) -> None:
         faults.enospc_if_planned(rank, iteration, path)  # TEST-ONLY hook (faults.py)
@@ -163,14 +162,14 @@ def _versions() -> dict:
     return {"torch": torch.__version__, "deepspeed": deepspeed.__version__}
 
 
-def _commit(root: Path, tag: str, staging: str, manifest: Manifest, args,
-            in_use: tuple[str, ...]) -> str | None:
+def _commit(root: Path, tag: str, staging: str, manifest: Manifest, config_yaml: str,
+            keep_last: int | None, in_use: tuple[str, ...]) -> str | None:
     """Rank 0: make the staged checkpoint durable and current. A problem message or None."""
     stage_dir, target = root / staging, root / tag
     previous = read_latest(root)
     replaced = root / (REPLACED_PREFIX + tag)
     try:
-        record = write_bytes(args.to_yaml().encode("utf-8"), stage_dir / CONFIG_NAME)
+        record = write_bytes(config_yaml.encode("utf-8"), stage_dir / CONFIG_NAME)
         files = {**manifest.files, CONFIG_NAME: FileEntry(record.size, record.sha256, 0)}
         files.update(_unrecorded_files(stage_dir, files))
         manifest = dataclasses.replace(manifest, files=files)
@@ -191,7 +190,7 @@ def _commit(root: Path, tag: str, staging: str, manifest: Manifest, args,
         return (f"checkpoint {target} was not committed ({err}); {root / LATEST} still names "
                 f"{previous or 'no checkpoint'}")
     try:
-        apply_retention(root, args.checkpoint.keep_last_n_checkpoints, tag, in_use)
+        apply_retention(root, keep_last, tag, in_use)
     except OSError as err:
         log.warning("could not remove old checkpoints in %s (%s); the new one is saved", root, err)
     return None

@@ -3,9 +3,10 @@
 Every rank writes `shards/rank_<r>.json` into each checkpoint:
 
     {"format": 1, "rank": 3, "pipe": 1, "data": 1, "model": 0, "tp": 2,
-     "optimizer": "flat",                          # "torch", "flat" or "none"
+     "optimizer": "flat",                          # a layout of optimizer_layouts.py
+     "state_keys": ["exp_avg", "exp_avg_sq"],      # per-parameter state the optimizer keeps
      "model_file": "mp_rank_01_model_states.pt",    # LR schedule, counters (and "torch" state)
-     "optimizer_file": "zero_pp_rank_1_mp_rank_01_optim_states.pt",   # "flat" only
+     "optimizer_file": "zero_pp_rank_1_mp_rank_01_optim_states.pt",   # "flat", "zero3"
      "groups": [[["2.attention.dense.weight", [64, 32]], ...], ...]}
 
 "groups" lists, per optimizer parameter group, the canonical names and local (tensor-parallel
@@ -17,19 +18,21 @@ shard) shapes of the parameters in the order the optimizer holds them:
 - "zero3": ZeRO stage 3, which splits every parameter into ceil(numel / dp) parts (the last
   one padded) and lays rank d's parts of a (sub)group's parameters end to end in its file.
   Shapes are the full (tensor-parallel shard) shapes, not the partitions.
+Indexes written before "state_keys" existed are Adam's (`ADAM_STATE`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from megatron.checkpointing import optimizer_layouts
 from megatron.checkpointing.durable import FileRecord, write_bytes
 from megatron.model.partition import canonical_param_name
 
 INDEX_FORMAT = 1
 INDEX_DIR = "shards"
+ADAM_STATE = ("exp_avg", "exp_avg_sq")
 
 
 def index_file(rank: int) -> str:
@@ -37,25 +40,9 @@ def index_file(rank: int) -> str:
     return f"{INDEX_DIR}/rank_{rank}.json"
 
 
-def optimizer_kind(optimizer) -> str:
-    """"flat" (DeepSpeed bf16 / ZeRO 1-2 wrapper), "zero3", "torch" (a plain torch optimizer)
-    or "none"."""
-    if optimizer is None:
-        return "none"
-    if hasattr(optimizer, "bf16_groups") or hasattr(optimizer, "bit16_groups"):
-        return "flat"
-    if hasattr(optimizer, "fp32_partitioned_groups_flat"):
-        return "zero3"
-    if hasattr(optimizer, "param_groups") and not hasattr(optimizer, "dp_process_group"):
-        return "torch"
-    return "none"
-
-
-def flat_groups(optimizer) -> list[list]:
-    """The parameter groups of a "flat" optimizer wrapper, in buffer order."""
-    if hasattr(optimizer, "bf16_groups"):
-        return optimizer.bf16_groups
-    return getattr(optimizer, "round_robin_bit16_groups", None) or optimizer.bit16_groups
+def state_keys(index: dict) -> tuple[str, ...]:
+    """The per-parameter optimizer state tensors the saving run's optimizer declared."""
+    return tuple(index.get("state_keys", ADAM_STATE))
 
 
 def describe(engine, root: Path, tag: str, save_optimizer: bool) -> dict:
@@ -65,23 +52,16 @@ def describe(engine, root: Path, tag: str, save_optimizer: bool) -> dict:
     ds = engine.engine
     rank = dist.get_rank()
     coords = engine.topology.coords(rank)
-    kind = optimizer_kind(ds.optimizer) if save_optimizer else "none"
+    layout = optimizer_layouts.detect(ds.optimizer if save_optimizer else None)
     names = {id(p): canonical_param_name(n) for n, p in ds.module.named_parameters()}
-    if kind == "flat":
-        groups = flat_groups(ds.optimizer)
-    elif kind == "zero3":
-        groups = ds.optimizer.fp16_groups
-    elif kind == "torch":
-        groups = [g["params"] for g in ds.optimizer.param_groups]
-    else:
-        groups = []
     return {"format": INDEX_FORMAT, "rank": rank, "pipe": coords.pipe, "data": coords.data,
-            "model": coords.model, "tp": engine.topology.tp, "optimizer": kind,
-            "model_file": os.path.basename(ds._get_ckpt_name(str(root), tag)),
-            "optimizer_file": (os.path.basename(ds._get_zero_ckpt_name(str(root), tag))
-                               if kind in ("flat", "zero3") else None),
-            "groups": [[[names[id(p)], list(getattr(p, "ds_shape", p.shape))] for p in g]
-                       for g in groups]}
+            "model": coords.model, "tp": engine.topology.tp, "optimizer": layout.name,
+            "state_keys": list(engine.run.optimizer_state),
+            "model_file": optimizer_layouts.model_file_name(ds, root, tag),
+            "optimizer_file": (optimizer_layouts.optimizer_file_name(ds, root, tag)
+                               if layout.name in ("flat", "zero3") else None),
+            "groups": [[[names[id(p)], list(optimizer_layouts.full_shape(p))] for p in g]
+                       for g in layout.groups(ds.optimizer)]}
 
 
 def save(checkpoint_dir: Path, index: dict) -> FileRecord:

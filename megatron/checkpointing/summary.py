@@ -12,25 +12,9 @@ import os
 from pathlib import Path
 
 from megatron.checkpointing.errors import CorruptFileError
-from megatron.checkpointing.layout import LATEST, read_latest, saved_iterations, tag_for
+from megatron.checkpointing.locate import step_directory
 from megatron.checkpointing.manifest import check_files, read_manifest
-
-
-def step_directory(path: Path, iteration: int | None) -> Path:
-    """`path` itself when it is a checkpoint, else the save directory's `iteration` or latest."""
-    if (path / "manifest.json").is_file() and iteration is None:
-        return path
-    if not path.is_dir():
-        raise FileNotFoundError(f"{path} does not exist")
-    tag = tag_for(iteration) if iteration is not None else read_latest(path)
-    if tag is None:
-        found = ", ".join(str(i) for i in saved_iterations(path)) or "none"
-        raise FileNotFoundError(f"{path} has no '{LATEST}' file (saved iterations: {found}); "
-                                "pass --iteration or a global_step<N> directory")
-    if not (path / tag).is_dir():
-        found = ", ".join(str(i) for i in saved_iterations(path)) or "none"
-        raise FileNotFoundError(f"{path / tag} does not exist (saved iterations: {found})")
-    return path / tag
+from megatron.checkpointing.model_shape import SHAPE_KEYS
 
 
 def describe_checkpoint(path: Path, iteration: int | None = None, verify: bool = False
@@ -44,10 +28,7 @@ def describe_checkpoint(path: Path, iteration: int | None = None, verify: bool =
         return [f"checkpoint {step}"], [str(err)]
     run, state = manifest.run, manifest.client_state
     layout = ", ".join(f"{k} {run.get(k)}" for k in ("tp", "pp", "dp", "zero_stage", "precision"))
-    shape = ", ".join(f"{k} {run[k]}" for k in ("num_layers", "hidden_size",
-                                                "num_attention_heads", "num_kv_heads",
-                                                "intermediate_size", "padded_vocab_size")
-                      if k in run)
+    shape = ", ".join(f"{k} {run[k]}" for k in SHAPE_KEYS if k in run)
     held = ["weights"] + [k for k, v in manifest.contents.items() if v and k != "engine"]
     lines = [f"checkpoint {step} (format {manifest.format_version})",
              f"iteration {manifest.iteration}, consumed samples "

@@ -1,7 +1,11 @@
-"""Reading a checkpoint's model weights back as full (un-sharded) canonical tensors, whatever
-tensor/pipeline layout and ZeRO stage wrote it; the reader generation, eval and export use.
+"""Reading a checkpoint's tensors back as full (un-sharded) canonical tensors, whatever tensor /
+pipeline layout and ZeRO stage wrote it: the model weights (what generation, eval, export and
+resharding read) and each parameter's optimizer tensors (through the optimizer layout the
+shard index names, see optimizer_layouts.py).
 
-Canonical names are `<layer index>.<parameter path>` (see megatron.model.partition).
+Canonical names are `<layer index>.<parameter path>` (see megatron.model.partition). The
+tensor-parallel degree and the split of every tensor come from the checkpoint's own manifest
+(its recorded `tp` and the activation in its saved config).
 """
 
 from __future__ import annotations
@@ -11,13 +15,22 @@ from pathlib import Path
 
 import torch
 
-from megatron.model.partition import canonical_from_module, merge_tensor_parallel
+from megatron.checkpointing import optimizer_layouts, shard_index
+from megatron.checkpointing.manifest import Manifest, read_manifest
+from megatron.model.partition import Sharding, canonical_from_module
 
 
-def full_weights(step_dir: Path, tp: int, gated_mlp: bool = False,
-                 layers: set[int] | None = None) -> dict[str, torch.Tensor]:
-    """Canonical full state of the checkpoint in `step_dir` (any tp/pp; ZeRO-3 included);
+def saved_sharding(manifest: Manifest) -> Sharding:
+    """How the checkpoint's tensors are split over its tensor-parallel ranks."""
+    return Sharding.for_activation(manifest.config.get("activation", "gelu"))
+
+
+def full_weights(step_dir: Path, layers: set[int] | None = None,
+                 manifest: Manifest | None = None) -> dict[str, torch.Tensor]:
+    """Canonical full weights of the checkpoint in `step_dir` (any tp/pp; ZeRO-3 included);
     with `layers`, pipeline checkpoints read only those layers' files."""
+    manifest = manifest or read_manifest(step_dir)
+    tp, sharding = int(manifest.run.get("tp") or 1), saved_sharding(manifest)
     layer_files = sorted(step_dir.glob("layer_*-model_*-model_states.pt"))
     if layer_files:
         layer_files = [f for f in layer_files if layers is None or _layer_of(f) in layers]
@@ -27,35 +40,68 @@ def full_weights(step_dir: Path, tp: int, gated_mlp: bool = False,
             by_layer.setdefault(layer, {})[rank] = torch.load(f, map_location="cpu")
         out = {}
         for layer, ranks in sorted(by_layer.items()):
-            merged = merge_tensor_parallel([ranks[r] for r in range(tp)], gated_mlp)
+            merged = sharding.merge([ranks[r] for r in range(tp)])
             out.update({f"{layer}.{k}": v for k, v in merged.items()})
         return out
-    if list(step_dir.glob("zero_pp_rank_*_model_states.pt")) and _is_zero3(step_dir):
-        from megatron.checkpointing.reshard import zero3_weights
-
-        found = zero3_weights(step_dir, tp, gated_mlp)  # our shard index: any tp degree
-        if found is not None:
-            return found
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        state = get_fp32_state_dict_from_zero_checkpoint(str(step_dir.parent), tag=step_dir.name)
-        return canonical_from_module(state)
+    if manifest.run.get("zero_stage") == 3:
+        return _zero3_weights(step_dir, manifest, tp, sharding)
     per_rank = [torch.load(step_dir / f"mp_rank_{r:02d}_model_states.pt", map_location="cpu",
                            weights_only=False)["module"] for r in range(tp)]
     modules = [canonical_from_module(sd) for sd in per_rank]
     out = {}
     for name in modules[0]:
         layer, path = name.split(".", 1)
-        merged = merge_tensor_parallel([{path: m[name]} for m in modules], gated_mlp)
-        out[name] = merged[path]
+        out[name] = sharding.merge([{path: m[name]} for m in modules])[path]
+    return out
+
+
+def _zero3_weights(step_dir: Path, manifest: Manifest, tp: int, sharding: Sharding
+                   ) -> dict[str, torch.Tensor]:
+    """ZeRO stage 3 keeps the weights only as the optimizer's fp32 partitions: read them
+    through the shard index (any tensor-parallel degree), else through DeepSpeed's own
+    zero_to_fp32 (one model-parallel rank only)."""
+    indexes = shard_index.load_all(step_dir, manifest.files)
+    if indexes and all(i["optimizer"] == "zero3" for i in indexes):
+        found = optimizer_tensors(step_dir, indexes, tp, sharding, None, {})
+        return {name: merged["master"] for name, merged in found}
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    state = get_fp32_state_dict_from_zero_checkpoint(str(step_dir.parent), tag=step_dir.name)
+    return canonical_from_module(state)
+
+
+def optimizer_tensors(step_dir: Path, indexes: list[dict], tp: int, sharding: Sharding,
+                      wanted: set[str] | None, found: dict, keys: tuple[str, ...] | None = None):
+    """(canonical name, {"master"?, <declared state key>: tensor}) merged over tensor ranks;
+    the step count goes into `found["step"]`. `keys`: the state tensors to read (default: what
+    the index declares)."""
+    keys = shard_index.state_keys(indexes[0]) if keys is None else keys
+    shards: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    for index in (i for i in indexes if i["data"] == 0):
+        held = {name for group in index["groups"] for name, _ in group}
+        if wanted is not None and not held & wanted:
+            continue  # another pipeline stage's files
+        layout = optimizer_layouts.by_name(index["optimizer"])
+        for name, values in layout.read(step_dir, index, indexes, keys, found):
+            if wanted is None or name in wanted:
+                shards.setdefault(name, {}).setdefault(index["model"], values)
+    for name, per_rank in shards.items():
+        yield name, _merge(name, [per_rank[r] for r in range(tp)], sharding)
+
+
+def _merge(name: str, per_rank: list[dict[str, torch.Tensor]], sharding: Sharding
+           ) -> dict[str, torch.Tensor]:
+    """One parameter's optimizer tensors merged over tensor-parallel ranks (rank 0's copy for
+    a replicated parameter)."""
+    path = name.split(".", 1)[1]
+    out = {}
+    for key in per_rank[0]:
+        try:
+            out[key] = sharding.merge([{path: r[key]} for r in per_rank])[path]
+        except ValueError:  # replicated state that drifted in the last bits between ranks
+            out[key] = per_rank[0][key]
     return out
 
 
 def _layer_of(path: Path) -> int:
     return int(re.match(r"layer_(\d+)-", path.name).group(1))
-
-
-def _is_zero3(step_dir: Path) -> bool:
-    state = torch.load(next(step_dir.glob("*zero_pp_rank_0_*optim_states.pt")), map_location="cpu",
-                       weights_only=False)
-    return state.get("ds_config", {}).get("zero_optimization", {}).get("stage") == 3

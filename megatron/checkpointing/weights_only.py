@@ -12,7 +12,7 @@ weights converted from Hugging Face, in the layout `weights.full_weights` and th
 
 Layer indices are the canonical ones (0 embedding, 1..L transformer layers, L+1 final norm,
 L+2 untied LM head), as DeepSpeed's pipeline writes them; each tensor-parallel weight is split
-with the same rule training uses (partition.split_of). Like a training save, the files are
+with the same rule training uses (partition.Sharding). Like a training save, the files are
 written into `<save>/.staging-global_step<N>/`, hashed and fsynced, then the directory is
 renamed and `latest` replaced atomically: an interrupted write leaves no checkpoint behind.
 """
@@ -28,11 +28,10 @@ from megatron.checkpointing.durable import (fsync_dir, rename, replace_text, wri
                                             write_torch)
 from megatron.checkpointing.layout import CONFIG_NAME, LATEST, staging_tag, tag_for
 from megatron.checkpointing.manifest import FileEntry, Manifest, write_manifest
-from megatron.model.activations import GATED
-from megatron.model.partition import split_of
+from megatron.checkpointing.model_shape import describe_shape
+from megatron.model.partition import Sharding
 from megatron.monitoring.logger import get_logger
 from megatron.mpu.groups import TensorParallel
-from megatron.mpu.layers import shard
 
 log = get_logger(__name__)
 
@@ -44,17 +43,16 @@ def layer_file(layer: int, tp_rank: int) -> str:
     return f"layer_{layer:02d}-model_{tp_rank:02d}-model_states.pt"
 
 
-def layer_shards(canonical: dict[str, torch.Tensor], tp: int, gated_mlp: bool
+def layer_shards(canonical: dict[str, torch.Tensor], tp: int, sharding: Sharding
                  ) -> dict[tuple[int, int], dict[str, torch.Tensor]]:
     """(layer, tensor rank) -> {param path: this rank's part} for every layer with tensors.
     Each part is its own copy, so a file holds only its own bytes."""
     out: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
     for name, tensor in canonical.items():
         layer, path = name.split(".", 1)
-        spec = split_of(path, gated_mlp)
         for rank in range(tp):
             view = TensorParallel(rank=rank, size=tp)  # for splitting only: no process group
-            part = tensor if spec is None else shard(tensor, spec[0], view, spec[1])
+            part = sharding.local(tensor, name, view)
             out.setdefault((int(layer), rank), {})[path] = part.detach().clone()
     return out
 
@@ -62,13 +60,9 @@ def layer_shards(canonical: dict[str, torch.Tensor], tp: int, gated_mlp: bool
 def describe_weights(args, tp: int, canonical: dict[str, torch.Tensor]) -> dict:
     """The manifest's `run` for a weights-only checkpoint: degrees that no engine chose are
     None; the model shape as `compatibility.describe_run` records it."""
-    m, d = args.model, args.derived
     return {"tp": tp, "pp": 1, "pipe_parallel_size": args.parallelism.pipe_parallel_size,
-            "dp": None, "world_size": None, "zero_stage": None, "precision": d.precision,
-            "num_layers": m.num_layers, "hidden_size": m.hidden_size,
-            "num_attention_heads": m.num_attention_heads, "num_kv_heads": d.num_kv_heads,
-            "intermediate_size": d.intermediate_size,
-            "padded_vocab_size": int(canonical["0.word_embeddings.weight"].shape[0])}
+            "dp": None, "world_size": None, "zero_stage": None, "precision": args.derived.precision,
+            **describe_shape(args, int(canonical["0.word_embeddings.weight"].shape[0]))}
 
 
 def config_for_tp(args, tp: int):
@@ -117,8 +111,8 @@ def _write_files(stage: Path, canonical: dict[str, torch.Tensor], args, tp: int
                  ) -> dict[str, FileEntry]:
     """The layer files and config.yml in `stage`: name -> FileEntry (written by rank 0)."""
     files = {}
-    gated = args.model.activation in GATED
-    for (layer, rank), state in sorted(layer_shards(canonical, tp, gated).items()):
+    sharding = Sharding.for_activation(args.model.activation)
+    for (layer, rank), state in sorted(layer_shards(canonical, tp, sharding).items()):
         record = write_torch(state, stage / layer_file(layer, rank))
         files[layer_file(layer, rank)] = FileEntry(record.size, record.sha256, 0)
     record = write_bytes(args.to_yaml().encode("utf-8"), stage / CONFIG_NAME)

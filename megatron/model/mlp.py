@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from megatron.model.activations import GATED, get_activation
+from megatron.model.partition import Sharding
 from megatron.mpu.groups import NO_TP, TensorParallel
 from megatron.mpu.layers import ColumnParallelLinear, RowParallelLinear
 
@@ -19,9 +20,10 @@ class MLP(nn.Module):
         ffn = config.intermediate_size
         gated = config.activation in GATED
         bias = config.use_bias_in_mlp
+        split = Sharding.for_model(config).split_of("mlp.dense_h_to_4h.weight")
         self.dense_h_to_4h = ColumnParallelLinear(config.hidden_size, 2 * ffn if gated else ffn,
                                                   init_fn, gen, tp, bias=bias,
-                                                  stride_groups=2 if gated else 1)
+                                                  stride_groups=split.blocks)
         self.activation = get_activation(config.activation)
         self.dense_4h_to_h = RowParallelLinear(ffn, config.hidden_size, out_init_fn, gen, tp,
                                                bias=bias)

@@ -4,17 +4,23 @@ The canonical state dict names every tensor `<layer index>.<parameter path>`, wh
 index is the position in `build_layer_specs` (0 embedding, 1..L transformer layers, L+1 final
 norm, L+2 LM head; a tied LM head has no tensors of its own). Pipeline checkpoints store one
 file per (layer, tensor rank); a plain module stores `layers.<i>.*` with tied layers once.
+
+`Sharding` is the one description of the tensor-parallel split of a model, built from its
+config (`Sharding.for_model(config)` or `Sharding.for_activation(name)`); checkpoint saving,
+loading, resharding, conversion and generation all split and merge through it.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import torch
 
+from megatron.model.activations import GATED
 from megatron.mpu.layers import merge_shards
 
-# parameter path (inside a layer) -> (dimension split over ranks, blocks laid end to end)
+# parameter path (inside a layer) -> dimension split over ranks
 _SPLITS = (
     (re.compile(r"^attention\.query_key_value\.(weight|bias)$"), 0),
     (re.compile(r"^attention\.dense\.weight$"), 1),
@@ -23,32 +29,68 @@ _SPLITS = (
     (re.compile(r"^word_embeddings\.weight$"), 0),
     (re.compile(r"^weight$"), 0),  # the untied LM head
 )
+_GATED_UP = re.compile(r"^mlp\.dense_h_to_4h\.")  # [value; gate] blocks, each split apart
 
 
-def split_of(param_path: str, gated_mlp: bool) -> tuple[int, int] | None:
-    """(dim, stride_groups) for a tensor-parallel weight, or None for a replicated one."""
-    for pattern, dim in _SPLITS:
-        if pattern.match(param_path):
-            groups = 2 if gated_mlp and param_path.startswith("mlp.dense_h_to_4h") else 1
-            return dim, groups
-    return None
+@dataclass(frozen=True)
+class Split:
+    """A tensor-parallel weight: split along `dim`, which holds `blocks` blocks laid end to end
+    (each block split over the ranks separately)."""
+
+    dim: int
+    blocks: int = 1
 
 
-def merge_tensor_parallel(per_rank: list[dict[str, torch.Tensor]], gated_mlp: bool
-                          ) -> dict[str, torch.Tensor]:
-    """One layer's full tensors from its tensor-parallel shards (rank order); replicated
-    tensors must be equal on every rank."""
-    merged = {}
-    for path, first in per_rank[0].items():
-        spec = split_of(path, gated_mlp)
-        if spec is None or len(per_rank) == 1:
-            for r, sd in enumerate(per_rank[1:], start=1):
-                if not torch.equal(sd[path], first):
-                    raise ValueError(f"replicated tensor {path} differs between tensor ranks 0 and {r}")
-            merged[path] = first
-        else:
-            merged[path] = merge_shards([sd[path] for sd in per_rank], *spec)
-    return merged
+@dataclass(frozen=True)
+class Sharding:
+    """How every canonical tensor of one model is split over tensor-parallel ranks."""
+
+    gated_mlp: bool = False
+
+    @classmethod
+    def for_activation(cls, activation: str) -> "Sharding":
+        return cls(gated_mlp=activation in GATED)
+
+    @classmethod
+    def for_model(cls, config) -> "Sharding":
+        """From a ModelConfig (or anything with the model's `activation`)."""
+        return cls.for_activation(config.activation)
+
+    def split_of(self, param_path: str) -> Split | None:
+        """The split of a tensor-parallel weight (its path inside a layer), or None for a
+        replicated one."""
+        for pattern, dim in _SPLITS:
+            if pattern.match(param_path):
+                return Split(dim, 2 if self.gated_mlp and _GATED_UP.match(param_path) else 1)
+        return None
+
+    def merge(self, per_rank: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """One layer's full tensors from its tensor-parallel shards (rank order); replicated
+        tensors must be equal on every rank."""
+        merged = {}
+        for path, first in per_rank[0].items():
+            split = self.split_of(path)
+            if split is None or len(per_rank) == 1:
+                for r, sd in enumerate(per_rank[1:], start=1):
+                    if not torch.equal(sd[path], first):
+                        raise ValueError(f"replicated tensor {path} differs between tensor ranks "
+                                         f"0 and {r}")
+                merged[path] = first
+            else:
+                merged[path] = merge_shards([sd[path] for sd in per_rank], split.dim, split.blocks)
+        return merged
+
+    def local(self, full: torch.Tensor, name: str, tp) -> torch.Tensor:
+        """Tensor-parallel view `tp`'s part of the canonical tensor `name` (replicated:
+        itself)."""
+        from megatron.mpu.layers import shard
+
+        split = self.split_of(name.split(".", 1)[1])
+        return full if split is None else shard(full, split.dim, tp, split.blocks)
+
+    def shard_model(self, full: dict[str, torch.Tensor], tp) -> dict[str, torch.Tensor]:
+        """A `GPTModel` state dict for tensor-parallel view `tp` from canonical full tensors."""
+        return {f"layers.{name}": self.local(tensor, name, tp) for name, tensor in full.items()}
 
 
 def canonical_from_module(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -73,17 +115,3 @@ def canonical_param_name(module_name: str) -> str:
     if match is None:
         raise ValueError(f"parameter {module_name} is not part of the GPT model's layer specs")
     return f"0.{match.group(1)}"
-
-
-def local_shard(full: torch.Tensor, name: str, tp, gated_mlp: bool) -> torch.Tensor:
-    """Tensor-parallel view `tp`'s part of the canonical tensor `name` (replicated: itself)."""
-    from megatron.mpu.layers import shard
-
-    spec = split_of(name.split(".", 1)[1], gated_mlp)
-    return full if spec is None else shard(full, spec[0], tp, spec[1])
-
-
-def shard_canonical(full: dict[str, torch.Tensor], tp, gated_mlp: bool) -> dict[str, torch.Tensor]:
-    """A `GPTModel` state dict for tensor-parallel view `tp` from canonical full tensors."""
-    return {f"layers.{name}": local_shard(tensor, name, tp, gated_mlp)
-            for name, tensor in full.items()}

@@ -209,24 +209,47 @@ def mlp_width(
     return round_up(width, mlp_multiple_of)
 
 
+def should_save(iteration: int, checkpoint_factor: float | None, checkpoint_scale: str,
+                extra_save_iters) -> bool:
+    """Whether a checkpoint is saved after `iteration`: the one save schedule, used by the
+    training loop and by `save_iterations`. GPT-NeoX's `is_save_iter`: at `extra_save_iters`;
+    every `checkpoint_factor` iterations (linear); or where iteration == int(factor**k) for
+    some k >= 0 (log: factor 2 gives 1, 2, 4, 8, ...; factor 1.5 gives 1, 2, 3, 5, 7, 11, ...)."""
+    if extra_save_iters and iteration in extra_save_iters:
+        return True
+    if not checkpoint_factor or iteration <= 0:
+        return False
+    if checkpoint_scale == "log":
+        if checkpoint_factor <= 1:
+            return False  # refused by validation; no power ever grows
+        power = 1.0
+        while power < iteration + 1:
+            if int(power) == iteration:
+                return True
+            power *= checkpoint_factor
+        return False
+    return iteration % checkpoint_factor == 0
+
+
 def save_iterations(
     train_iters: int,
     checkpoint_factor: float | None,
     checkpoint_scale: str,
     extra_save_iters: list[int] | None,
 ) -> tuple[int, ...]:
-    """Iterations before train_iters at which a checkpoint is saved (GPT-NeoX's rule; the last
-    iteration is saved as well by the training loop)."""
-    iters = set(extra_save_iters or ())
-    if checkpoint_factor:
-        step = checkpoint_factor
-        while step < train_iters:
-            iters.add(int(step))
-            if checkpoint_scale == "log":
-                step *= checkpoint_factor
-            else:
-                step += checkpoint_factor
-    return tuple(sorted(iters))
+    """Iterations before train_iters at which `should_save` saves (the training loop saves the
+    last iteration as well), plus every extra_save_iters entry."""
+    candidates = set(extra_save_iters or ())
+    if checkpoint_factor and checkpoint_scale == "log" and checkpoint_factor > 1:
+        power = 1.0
+        while power < train_iters:
+            candidates.add(int(power))
+            power *= checkpoint_factor
+    elif checkpoint_factor:
+        candidates.update(range(0, train_iters, max(1, int(checkpoint_factor))))
+    extras = set(extra_save_iters or ())
+    return tuple(sorted(i for i in candidates if i in extras or (
+        i < train_iters and should_save(i, checkpoint_factor, checkpoint_scale, extras))))
 
 
 def compute_derived(c: Mapping[str, Any], world_size: int | None = None) -> Derived:

@@ -1,7 +1,8 @@
 """Text generation from trained checkpoints; the model-loading half is shared with evaluation.
 
 - `sampling`: the pure logits -> token ids function (greedy, temperature, top-k, top-p).
-- `loading`: find a checkpoint, read its weights as canonical full tensors, check its architecture.
+- checkpoints are found, verified and read as canonical full tensors by
+  `megatron.checkpointing.reader` (the architecture check is `checkpointing.model_shape`).
 - `inference_model`: `InferenceModel`, the eval-mode GPTModel behind one forward (A25).
 - `runtime`: process groups for inference (tp honoured, pp folded into replicas), replicas.
 - `checks`: stop ids (A13), prompt lengths (A14), KV-cache memory (A29).

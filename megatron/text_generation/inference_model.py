@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from megatron.model.activations import GATED
 from megatron.model.config import ModelConfig
 from megatron.model.gpt import GPTModel
 from megatron.model.kv_cache import KVCache
-from megatron.model.partition import shard_canonical
+from megatron.model.partition import Sharding
 from megatron.mpu.groups import NO_TP, TensorParallel
 from megatron.mpu.mappings import gather_from_tensor_parallel
 
@@ -52,7 +51,7 @@ class InferenceModel:
         rows); `trained_vocab`: rows that came from the checkpoint (default: all of them)."""
         trained = trained_vocab or int(canonical["0.word_embeddings.weight"].shape[0])
         model = GPTModel(config, tp)
-        state = shard_canonical(canonical, tp, config.activation in GATED)
+        state = Sharding.for_model(config).shard_model(canonical, tp)
         model.load_state_dict(state, strict=True)
         model.to(device=device, dtype=dtype)
         return cls(model, tp, trained, trained if token_limit is None else token_limit)

@@ -99,7 +99,8 @@ def load_inference_model(args, tokenizer, tp, device: torch.device
     """(model, checkpoint directory, iteration) for `args` on this rank's tensor-parallel view."""
     from megatron.model.config import model_config_from_args
     from megatron.neox_arguments.derived import round_up
-    from megatron.text_generation.loading import check_architecture, read_checkpoint, resize_vocab
+    from megatron.checkpointing.model_shape import check_architecture
+    from megatron.checkpointing.reader import read_checkpoint, resize_vocab
 
     ck = read_checkpoint(args.checkpoint.load, args.checkpoint.iteration)
     trained = ck.trained_vocab

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from megatron.checkpointing.run import RunDescription
 from megatron.model.config import ModelConfig
 from megatron.model.gpt import GPTModel, build_pipeline_model
 from megatron.monitoring.logger import get_logger
@@ -13,7 +14,7 @@ from megatron.mpu.initialize import disable_deepspeed_shm_allreduce
 from megatron.mpu.layers import sync_sequence_parallel_grads
 from megatron.mpu.topology import Topology
 from megatron.training.learning_rates import AnnealingLR, Schedule
-from megatron.training.optimizers import build_optimizer
+from megatron.training.optimizers import build_optimizer, state_keys
 
 log = get_logger(__name__)
 
@@ -26,6 +27,7 @@ class Engine:
     is_pipeline: bool
     groups: ProcessGroups
     tp: TensorParallel
+    run: RunDescription  # what checkpoint save / load know of the run
 
     @property
     def topology(self) -> Topology:
@@ -88,7 +90,14 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
     if is_pipeline:
         # the last element of the stage tuple is a bool mask: DeepSpeed must not expect its grad
         engine.set_has_attention_mask(True)
-    return Engine(engine=engine, is_pipeline=is_pipeline, groups=groups, tp=tp)
+    return Engine(engine=engine, is_pipeline=is_pipeline, groups=groups, tp=tp,
+                  run=checkpoint_run(args))
+
+
+def checkpoint_run(args) -> RunDescription:
+    """The run as checkpoint save and load see it (megatron/checkpointing/run.py)."""
+    opt = args.optimizer.optimizer
+    return RunDescription.from_args(args, state_keys(opt["type"], opt.get("params", {})))
 
 
 def _record_fp32_grad_norm(engine) -> None:

@@ -79,7 +79,7 @@ def _pretrain(args) -> RunState:
     rank = dist.get_rank()
     engine, topology, tokenizer, model_config = setup_engine(args)
     state = RunState()
-    resumed = load_checkpoint(engine, args)
+    resumed = load_checkpoint(engine, args.checkpoint)
     state.iteration = int(resumed.get("iteration", 0))
     state.consumed_train_samples = int(resumed.get("consumed_train_samples", 0))
     state.consumed_valid_samples = int(resumed.get("consumed_valid_samples", 0))
@@ -163,14 +163,14 @@ def _train(args, engine, state: RunState, train_iter, valid_iter, tracker: Metri
         if ck.save and should_save(state.iteration, ck.checkpoint_factor, ck.checkpoint_scale,
                                    ck.extra_save_iters):
             check_datasets_unchanged(*datasets)  # A16: the files did not change under us
-            save_checkpoint(engine, args, state.iteration, state.client_state())
+            save_checkpoint(engine, args.checkpoint, state.iteration, state.client_state())
             saved_at = state.iteration
             interval_start = time.perf_counter()
         if t.exit_interval and state.iteration % t.exit_interval == 0:
             print_rank_0(f"exiting at iteration {state.iteration} (exit_interval={t.exit_interval})")
             break
     if ck.save and saved_at != state.iteration and state.iteration > 0:
-        save_checkpoint(engine, args, state.iteration, state.client_state())
+        save_checkpoint(engine, args.checkpoint, state.iteration, state.client_state())
     if ck.save:
         print_rank_0(f"checkpoint of iteration {state.iteration}: "
                      f"{os.path.abspath(ck.save)}/global_step{state.iteration}")

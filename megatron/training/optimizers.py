@@ -2,9 +2,17 @@
 
 DeepSpeed's own Adam JIT-compiles a C++ op on first use; a torch optimizer passed to
 `deepspeed.initialize` runs everywhere at once, so that is what every name maps to.
+
+Each entry also declares the state tensors its optimizer keeps per parameter (Adam: the two
+moments; SGD: the momentum buffer when momentum is set). Checkpoint resharding carries exactly
+the declared tensors and refuses state it was not told about, so an optimizer added here must
+declare its own.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -41,17 +49,41 @@ def _sgd(groups, params: dict) -> torch.optim.Optimizer:
                            nesterov=params.get("nesterov", False), foreach=True)
 
 
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """How to build one optimizer, and which state tensors it keeps per parameter."""
+
+    build: Callable[[list, dict], torch.optim.Optimizer]
+    state: Callable[[dict], tuple[str, ...]]  # optimizer params -> per-parameter state keys
+
+
+_ADAM = OptimizerSpec(_adamw, lambda params: ("exp_avg", "exp_avg_sq"))
 # GPT-NeoX's "Adam" with weight decay is DeepSpeed's FusedAdam in AdamW mode: decoupled decay.
-OPTIMIZERS = {"adam": _adamw, "adamw": _adamw, "sgd": _sgd}
+OPTIMIZERS = {
+    "adam": _ADAM,
+    "adamw": _ADAM,
+    "sgd": OptimizerSpec(_sgd, lambda params: ("momentum_buffer",)
+                         if params.get("momentum", 0.0) else ()),
+}
+
+
+def _spec(optimizer_type: str) -> OptimizerSpec:
+    key = optimizer_type.lower()
+    if key not in OPTIMIZERS:
+        raise ValueError(f"optimizer type {optimizer_type!r} is not supported; valid: "
+                         f"{', '.join(sorted(OPTIMIZERS))}")
+    return OPTIMIZERS[key]
 
 
 def build_optimizer(model: torch.nn.Module, optimizer_type: str, params: dict,
                     weight_decay: float) -> torch.optim.Optimizer:
     """The torch optimizer for `optimizer: {type, params}`; an unknown type lists the valid ones."""
-    key = optimizer_type.lower()
-    if key not in OPTIMIZERS:
-        raise ValueError(f"optimizer type {optimizer_type!r} is not supported; valid: "
-                         f"{', '.join(sorted(OPTIMIZERS))}")
+    spec = _spec(optimizer_type)
     params = dict(params)
     decay = params.pop("weight_decay", weight_decay)
-    return OPTIMIZERS[key](param_groups(model, decay), params)
+    return spec.build(param_groups(model, decay), params)
+
+
+def state_keys(optimizer_type: str, params: dict) -> tuple[str, ...]:
+    """The state tensors the optimizer `optimizer: {type, params}` keeps per parameter."""
+    return _spec(optimizer_type).state(dict(params))

@@ -58,12 +58,12 @@ def _continuation(directory: Path, **overrides) -> dict:
     args = engines.make_args(directory, **overrides)
     first = engines.build(args)
     engines.train(first, args, 3, seed=0)
-    save_checkpoint(first, args, 3, {"consumed_train_samples": 6})
+    save_checkpoint(first, args.checkpoint, 3, {"consumed_train_samples": 6})
     draws = _draws()
     after_save = {"losses": engines.train(first, args, 2, seed=1),
                   "weights": engines.weights(first)}
     second = engines.build(args)
-    resumed = load_checkpoint(second, args)
+    resumed = load_checkpoint(second, args.checkpoint)
     loaded_draws = _draws()
     resumed_run = {"losses": engines.train(second, args, 2, seed=1),
                    "weights": engines.weights(second)}
@@ -86,10 +86,10 @@ def _options(directory: Path) -> dict:
     args = engines.make_args(directory, no_save_optim=True, no_save_rng=True)
     engine = engines.build(args)
     engines.train(engine, args, 2)
-    save_checkpoint(engine, args, 2, {})
+    save_checkpoint(engine, args.checkpoint, 2, {})
     saved = engines.weights(engine)
     fresh = engines.build(args)
-    out["no_save_optim"] = {"resumed": load_checkpoint(fresh, args),
+    out["no_save_optim"] = {"resumed": load_checkpoint(fresh, args.checkpoint),
                             "weights": _same(saved, engines.weights(fresh)),
                             "optimizer_state": len(fresh.engine.optimizer.state),
                             "lr_steps": fresh.lr_scheduler.num_steps}
@@ -97,22 +97,22 @@ def _options(directory: Path) -> dict:
     engine = engines.build(full)
     for it in (1, 2, 3):
         engines.train(engine, full, 1, seed=it)
-        save_checkpoint(engine, full, it, {})
+        save_checkpoint(engine, full.checkpoint, it, {})
         if it == 2:
             at_two = engines.weights(engine)
     fresh = engines.build(full.replace(iteration=2))
-    out["iteration"] = {"resumed": load_checkpoint(fresh, full.replace(iteration=2)),
+    out["iteration"] = {"resumed": load_checkpoint(fresh, full.replace(iteration=2).checkpoint),
                         "weights": _same(at_two, engines.weights(fresh))}
     tuned = full.replace(finetune=True, save=None)
     fresh = engines.build(tuned)
-    out["finetune"] = {"resumed": load_checkpoint(fresh, tuned),
+    out["finetune"] = {"resumed": load_checkpoint(fresh, tuned.checkpoint),
                        "weights": _same(engines.weights(engine), engines.weights(fresh)),
                        "optimizer_state": len(fresh.engine.optimizer.state),
                        "lr_steps": fresh.lr_scheduler.num_steps}
     plain = full.replace(no_load_optim=True, no_load_rng=True, save=None)
     fresh = engines.build(plain)
     seeded = torch.get_rng_state()
-    out["no_load_optim_rng"] = {"resumed": load_checkpoint(fresh, plain),
+    out["no_load_optim_rng"] = {"resumed": load_checkpoint(fresh, plain.checkpoint),
                                 "weights": _same(engines.weights(engine), engines.weights(fresh)),
                                 "optimizer_state": len(fresh.engine.optimizer.state),
                                 "lr_steps": fresh.lr_scheduler.num_steps,
@@ -120,13 +120,14 @@ def _options(directory: Path) -> dict:
     kept = engines.make_args(directory / "kept", keep_last_n_checkpoints=2)
     engine = engines.build(kept)
     for it in (1, 2, 3, 4):
-        save_checkpoint(engine, kept, it, {})
-    save_checkpoint(engine, kept, 4, {})  # a re-save of the same iteration replaces it
+        save_checkpoint(engine, kept.checkpoint, it, {})
+    save_checkpoint(engine, kept.checkpoint, 4, {})  # a re-save of the same iteration replaces it
     out["keep_last"] = sorted(p.name for p in (directory / "kept" / "ckpt").iterdir())
     resumed = engines.build(kept)
-    load_checkpoint(resumed, kept)  # from global_step4, whose files now back its optimizer state
+    # from global_step4, whose files now back its optimizer state
+    load_checkpoint(resumed, kept.checkpoint)
     for it in (5, 6, 7):
-        save_checkpoint(resumed, kept, it, {})
+        save_checkpoint(resumed, kept.checkpoint, it, {})
     out["keep_loaded"] = sorted(p.name for p in (directory / "kept" / "ckpt").iterdir())
     return out
 
@@ -135,7 +136,7 @@ def _expect_save_error(engine, args, iteration) -> str:
     from megatron.checkpointing import CheckpointSaveError, save_checkpoint
 
     try:
-        save_checkpoint(engine, args, iteration, {})
+        save_checkpoint(engine, args.checkpoint, iteration, {})
     except CheckpointSaveError as err:
         return str(err)
     return "no error"
@@ -148,7 +149,7 @@ def _failures(directory: Path) -> dict:
     args = engines.make_args(directory)
     root = directory / "ckpt"
     engine = engines.build(args)
-    save_checkpoint(engine, args, 1, {})
+    save_checkpoint(engine, args.checkpoint, 1, {})
     out = {}
 
     real_free = save_module.free_bytes
@@ -171,7 +172,7 @@ def _failures(directory: Path) -> dict:
         return real_replace(src, dst)
 
     durable.os.replace = lambda s, d: flaky_replace(s, d, failures=2)
-    save_checkpoint(engine, args, 2, {})
+    save_checkpoint(engine, args.checkpoint, 2, {})
     out["eio_retried"] = (len(calls), (root / "latest").read_text())
     calls.clear()
     durable.os.replace = lambda s, d: flaky_replace(s, d, failures=10**6)
@@ -188,10 +189,10 @@ def _mismatch(directory: Path) -> str:
     from tests.checkpointing import engines
 
     args = engines.make_args(directory)
-    save_checkpoint(engines.build(args), args, 1, {})
+    save_checkpoint(engines.build(args), args.checkpoint, 1, {})
     other = engines.make_args(directory, num_layers=3)
     try:
-        load_checkpoint(engines.build(other), other)
+        load_checkpoint(engines.build(other), other.checkpoint)
     except CheckpointMismatchError as err:
         return str(err)
     return "loaded"
@@ -241,7 +242,7 @@ def _damaged_share(rank: int, world: int, tmp: Path) -> dict:
     engine = engines.build(args)
     for it in (1, 2):
         engines.train(engine, args, 1, seed=it)
-        save_checkpoint(engine, args, it, {"consumed_train_samples": 4 * it})
+        save_checkpoint(engine, args.checkpoint, it, {"consumed_train_samples": 4 * it})
     step2 = tmp / "ckpt" / "global_step2"
     victim = sorted(assign_files(read_manifest(step2).files, world)[1])[0]
     if rank == 0:
@@ -249,7 +250,7 @@ def _damaged_share(rank: int, world: int, tmp: Path) -> dict:
         data[len(data) // 2] ^= 0xFF
         (step2 / victim).write_bytes(bytes(data))
     dist.barrier()
-    resumed = load_checkpoint(engines.build(args), args)
+    resumed = load_checkpoint(engines.build(args), args.checkpoint)
     return {"resumed": resumed, "victim": victim}
 
 

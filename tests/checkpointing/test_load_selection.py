@@ -9,7 +9,7 @@ import torch
 
 from megatron.checkpointing import NoValidCheckpointError, load_checkpoint
 from megatron.checkpointing.durable import write_bytes
-from megatron.checkpointing.load import find_candidates, verify_checkpoint
+from megatron.checkpointing.locate import find_candidates, verify_checkpoint
 from megatron.checkpointing.manifest import FileEntry, Manifest, write_manifest
 from megatron.mpu.topology import Topology
 from megatron.neox_arguments import NeoXArgs
@@ -94,7 +94,7 @@ def test_when_nothing_verifies_the_error_lists_every_checkpoint_and_what_is_wron
     engine = SimpleNamespace(topology=Topology(1, 1, 1),
                              engine=SimpleNamespace(module=torch.nn.Linear(2, 2)))
     with pytest.raises(NoValidCheckpointError) as err:
-        load_checkpoint(engine, args)
+        load_checkpoint(engine, args.checkpoint)
     text = str(err.value)
     assert f"no checkpoint in {ckpts} can be loaded" in text
     for i in (2, 4, 6):

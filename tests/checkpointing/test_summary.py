@@ -54,5 +54,6 @@ def test_damage_is_named_file_by_file(save_dir, capsys):
 
 def test_a_missing_iteration_names_the_saved_ones(save_dir, capsys):
     assert inspect_checkpoint.main([str(save_dir), "--iteration", "9"]) == 2
-    assert f"{save_dir / 'global_step9'} does not exist (saved iterations: 3)" in (
+    assert f"{save_dir / 'global_step9'} (iteration=9) does not exist; saved iterations in " \
+        f"{save_dir}: 3" in (
         capsys.readouterr().err)

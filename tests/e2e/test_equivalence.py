@@ -41,7 +41,7 @@ def train(small_data, run_dir, **layout):
 @pytest.fixture(scope="module")
 def reference(small_data, tmp_path_factory):
     losses, step_dir = train(small_data, tmp_path_factory.mktemp("single"))
-    return losses, full_weights(step_dir, tp=1)
+    return losses, full_weights(step_dir)
 
 
 # tiny.yml fixes the global batch (16) and the micro-batch (8): the single process accumulates
@@ -72,7 +72,7 @@ def test_layout_matches_single_process(name, reference, small_data, tmp_path):
     assert len(losses) == STEPS
     for step, (got, want) in enumerate(zip(losses, ref_losses), start=1):
         assert math.isclose(got, want, rel_tol=LOSS_RTOL), f"step {step}: {got} != {want}"
-    weights = full_weights(step_dir, tp=layout.get("model_parallel_size", 1))
+    weights = full_weights(step_dir)
     assert weights.keys() == ref_weights.keys()
     worst = max((weights[k] - ref_weights[k]).abs().max().item() for k in ref_weights)
     assert worst < WEIGHT_ATOL, f"largest weight difference {worst:.3g}"
@@ -106,7 +106,7 @@ def test_tied_embeddings_across_pipeline_stages_match_one_process(small_data, tm
                              pipe_parallel_size=2)
     for got, want in zip(losses, ref_losses, strict=True):
         assert math.isclose(got, want, rel_tol=LOSS_RTOL)
-    ref, got = full_weights(ref_dir, tp=1), full_weights(step_dir, tp=1)
+    ref, got = full_weights(ref_dir), full_weights(step_dir)
     assert "0.word_embeddings.weight" in got and not any(k.startswith("7.") for k in got)
     worst = max((got[k] - ref[k]).abs().max().item() for k in ref)
     assert worst < WEIGHT_ATOL, f"largest weight difference {worst:.3g}"

@@ -85,15 +85,19 @@ def test_parallel_layouts_train_and_save(small_data, tmp_path, layout):
     assert "config.yml" in names
 
 
-def test_bf16_single_process(small_data, tmp_path):
+def test_bf16_single_process_saving_on_the_log_scale(small_data, tmp_path):
+    """bf16 on one process; checkpoints on GPT-NeoX's log scale with factor 1.5 (at int(1.5^k):
+    1, 2, 3, 5, 7, 11, 17) and at the last iteration."""
     prefix, tok = small_data
     run = tmp_path / "run"
     proc = deepy("train.py", "configs/tiny.yml",
                  *tiny_overrides(prefix, tok, run, num_gpus=1, bf16="{enabled: true}",
-                                 checkpoint_factor="null", save="null"))
+                                 checkpoint_factor=1.5, checkpoint_scale="log"))
     assert proc.returncode == 0, explain(proc)
     train, _ = read_metrics(run / "logs")
     assert_learned(train, min_drop=0.3)
+    assert sorted(int(p.name.removeprefix("global_step")) for p in (run / "ckpt").glob(
+        "global_step*")) == [1, 2, 3, 5, 7, 11, 17, 20]
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the CPU-only refusal")

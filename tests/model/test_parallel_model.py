@@ -6,7 +6,7 @@ import torch
 
 from megatron.model.config import ModelConfig
 from megatron.model.gpt import GPTModel, lm_loss
-from megatron.model.partition import canonical_from_module, merge_tensor_parallel
+from megatron.model.partition import Sharding, canonical_from_module
 from megatron.mpu.groups import NO_TP, TensorParallel
 from megatron.mpu.layers import sync_sequence_parallel_grads
 from megatron.mpu.mappings import gather_from_tensor_parallel
@@ -56,7 +56,7 @@ def merged_grads(results, gated):
     out = {}
     for name in names:
         layer, path = name.split(".", 1)
-        out[name] = merge_tensor_parallel([{path: r["grads"][name]} for r in results], gated)[path]
+        out[name] = Sharding(gated).merge([{path: r["grads"][name]} for r in results])[path]
     return out
 
 
@@ -80,16 +80,17 @@ def test_tensor_parallel_model_equals_one_process(variant, sequence_parallel):
 
 def test_canonical_state_round_trips_through_shards():
     """A tp2 model loaded from the canonical full weights of a one-process model is that model:
-    shard_canonical then merge_tensor_parallel gives the canonical weights back."""
-    from megatron.model.partition import shard_canonical
+    Sharding.shard_model then Sharding.merge gives the canonical weights back."""
     from megatron.mpu.groups import TensorParallel
 
     c = config("gqa_swiglu_rmsnorm")
     full = canonical_from_module(GPTModel(c).state_dict())
-    shards = [shard_canonical(full, TensorParallel(rank=r, size=2), gated_mlp=True) for r in (0, 1)]
+    sharding = Sharding.for_model(c)
+    assert sharding.gated_mlp
+    shards = [sharding.shard_model(full, TensorParallel(rank=r, size=2)) for r in (0, 1)]
     for name, tensor in full.items():
         layer, path = name.split(".", 1)
-        merged = merge_tensor_parallel([{path: s[f"layers.{name}"]} for s in shards], True)[path]
+        merged = sharding.merge([{path: s[f"layers.{name}"]} for s in shards])[path]
         assert torch.equal(merged, tensor), name
     assert shards[0]["layers.1.attention.query_key_value.weight"].shape[0] == \
         full["1.attention.query_key_value.weight"].shape[0] // 2

@@ -116,7 +116,8 @@ def test_attention_expansion():
 
 def test_save_iterations():
     assert save_iterations(100, 25, "linear", None) == (25, 50, 75)
-    assert save_iterations(100, 2, "log", [0, 5]) == (0, 2, 4, 5, 8, 16, 32, 64)
+    # GPT-NeoX's log scale saves at int(factor**k) for k >= 0, so iteration 1 (2**0) as well
+    assert save_iterations(100, 2, "log", [0, 5]) == (0, 1, 2, 4, 5, 8, 16, 32, 64)
     assert save_iterations(100, None, "linear", None) == ()
 
 

@@ -15,14 +15,6 @@ from tests.runs import ROOT, deepy, explain, free_port
 CONFIGS = [str(ROOT / "configs/tiny.yml"), str(ROOT / "configs/text_generation.yml")]
 
 
-@pytest.fixture
-def one_rank(monkeypatch):
-    """The environment the launcher gives a single worker."""
-    for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                           MASTER_PORT=str(free_port())).items():
-        monkeypatch.setenv(key, value)
-
-
 def make_args(trained, tmp_path, **overrides):
     values = {"num_gpus": 1, "distributed_timeout_minutes": 1,
               "sample_output_file": str(tmp_path / "out.jsonl"), "maximum_tokens": 12,

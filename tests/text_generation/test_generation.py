@@ -128,7 +128,7 @@ def test_padded_vocabulary_rows_are_never_sampled_nor_counted():
     model, weights = small_model(vocab=128)
     # this run pads the 128-row checkpoint to 130 rows (think: a tp that does not divide it)
     from megatron.text_generation.inference_model import InferenceModel
-    from megatron.text_generation.loading import resize_vocab
+    from megatron.checkpointing.reader import resize_vocab
     import dataclasses
 
     config = dataclasses.replace(model.config, padded_vocab_size=130)

@@ -5,7 +5,8 @@ import dataclasses
 
 import pytest
 
-from megatron.text_generation.loading import check_architecture, checkpoint_dir
+from megatron.checkpointing.model_shape import check_architecture
+from megatron.checkpointing.reader import checkpoint_dir
 from tests.text_generation.models import small_config
 
 
@@ -20,8 +21,8 @@ def test_missing_checkpoints_are_explained(tmp_path):
                        r"'latest' file \(checkpoints found: global_step5\); set 'iteration'"):
         checkpoint_dir(str(tmp_path), None)
     assert checkpoint_dir(str(tmp_path), 5) == tmp_path / "global_step5"
-    with pytest.raises(FileNotFoundError, match=r"global_step7 does not exist \(checkpoints in "
-                       r".*: global_step5\)"):
+    with pytest.raises(FileNotFoundError, match=r"global_step7 \(iteration=7\) does not exist; "
+                       r"saved iterations in .*: 5"):
         checkpoint_dir(str(tmp_path), 7)
     (tmp_path / "latest").write_text("global_step5")
     assert checkpoint_dir(str(tmp_path), None) == tmp_path / "global_step5"

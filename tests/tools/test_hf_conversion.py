@@ -27,7 +27,7 @@ from megatron.checkpointing.weights_only import write_weights_checkpoint
 from megatron.model.config import model_config_from_args
 from megatron.neox_arguments import NeoXArgs, padded_vocab_size
 from megatron.text_generation.inference_model import InferenceModel
-from megatron.text_generation.loading import read_checkpoint
+from megatron.checkpointing.reader import read_checkpoint
 from megatron.tokenizer import build_tokenizer
 from tests.runs import ROOT, build_small_dataset, deepy, explain, tiny_overrides
 from tests.text_generation.models import random_weights
@@ -199,8 +199,8 @@ def test_neox_to_hf_to_neox_is_bitwise_identical(kind, llama_tp2, data, tmp_path
     back = tmp_path / "back"
     assert tool("convert_hf_to_neox").main(["--hf_model", str(hf_dir), "--config_file", *configs,
                                             "--output_dir", str(back), "--tp", "2"]) == 0
-    original, restored = full_weights(step_dir, 2, kind == "llama"), full_weights(
-        back / "global_step0", 2, kind == "llama")
+    original, restored = full_weights(step_dir), full_weights(
+        back / "global_step0")
     assert original.keys() == restored.keys()
     for name, tensor in original.items():
         assert torch.equal(restored[name], tensor), name
@@ -278,15 +278,15 @@ def test_imported_hf_model_loads_into_training_with_every_weight_in_place(data, 
                                **{"optimizer.params.lr": 1e-30})
     proc = deepy("train.py", "configs/tiny_llama.yml", *overrides)
     assert proc.returncode == 0, explain(proc)
-    imported = full_weights(tmp_path / "imported" / "global_step3", 2, gated_mlp=True)
-    trained = full_weights(tmp_path / "run" / "ckpt" / "global_step4", 1, gated_mlp=True)
+    imported = full_weights(tmp_path / "imported" / "global_step3")
+    trained = full_weights(tmp_path / "run" / "ckpt" / "global_step4")
     assert trained.keys() == imported.keys()
     assert all(torch.equal(trained[k], imported[k]) for k in imported)
 
 
 def test_weights_only_checkpoint_reads_back_exactly_with_a_complete_manifest(llama_tp2):
     step_dir, canonical, config = llama_tp2
-    restored = full_weights(step_dir, 2, gated_mlp=True)
+    restored = full_weights(step_dir)
     assert restored.keys() == canonical.keys()
     assert all(torch.equal(restored[k], canonical[k]) for k in canonical)
     manifest = read_manifest(step_dir)

@@ -1,0 +1,108 @@
+"""Which checkpoint to read, and whether it is intact: the one resolver and the one verifier
+every reader uses (training, generation, eval, Hugging Face export, reshard, inspect).
+
+    tags, notes = find_candidates(root, iteration)     # training: latest, then newest first
+    step_dir = step_directory(path, iteration)         # a reader: path itself, N, or latest
+    manifest = open_verified(step_dir)                 # sizes + sha256, or CorruptFileError
+
+Training resumes from `latest` and, when that is missing or damaged, from the newest checkpoint
+that verifies (A24); a reader (generation, eval, export) reads exactly the checkpoint it is
+pointed at, `iteration=N` or the one `latest` names, and refuses it when damaged. Both verify
+through `verify_checkpoint`, so a damaged file is named the same way everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from megatron.checkpointing import collectives
+from megatron.checkpointing.errors import CorruptFileError
+from megatron.checkpointing.layout import (LATEST, MANIFEST_NAME, iteration_of, read_latest,
+                                           saved_iterations, tag_for)
+from megatron.checkpointing.manifest import Manifest, assign_files, check_files, read_manifest
+
+
+def _saved(root: Path) -> str:
+    return ", ".join(str(i) for i in saved_iterations(root)) or "none"
+
+
+def missing_iteration(root: Path, iteration: int) -> FileNotFoundError:
+    """The error for an `iteration` that has no checkpoint in `root`."""
+    return FileNotFoundError(f"checkpoint {root / tag_for(iteration)} (iteration={iteration}) "
+                             f"does not exist; saved iterations in {root}: {_saved(root)}")
+
+
+def find_candidates(root: Path, iteration: int | None, fallback: bool = True
+                    ) -> tuple[list[str], list[str]]:
+    """(tags to try in order, warnings about `latest`). With `iteration`, only that one
+    (FileNotFoundError when it is missing); else the tag `latest` names, then (training,
+    `fallback`) every other checkpoint, newest first. Without `fallback` (a reader), a missing
+    or dangling `latest` is a FileNotFoundError."""
+    saved = [tag_for(i) for i in reversed(saved_iterations(root))]
+    if iteration is not None:
+        if not (root / tag_for(iteration)).is_dir():
+            raise missing_iteration(root, iteration)
+        return [tag_for(iteration)], []
+    latest = read_latest(root)
+    if latest is None:
+        if not fallback:
+            raise FileNotFoundError(
+                f"no checkpoint to load in {root}: it has no '{LATEST}' file (checkpoints found: "
+                f"{', '.join(reversed(saved)) or 'none'}); set 'iteration' to pick one")
+        notes = [f"{root / LATEST} is missing but {root} holds {', '.join(saved)}: loading the "
+                 "newest one that verifies"] if saved else []
+        return saved, notes
+    if not (root / latest).is_dir():
+        if not fallback:
+            raise FileNotFoundError(f"{root / LATEST} names {latest!r} but {root / latest} does "
+                                    f"not exist (saved iterations: {_saved(root)})")
+        return saved, [f"{root / LATEST} names {latest!r} but {root / latest} does not exist; "
+                       "loading the newest checkpoint that verifies instead"]
+    return [latest] + ([t for t in saved if t != latest] if fallback else []), []
+
+
+def step_directory(path: Path, iteration: int | None = None, key: str | None = None) -> Path:
+    """A reader's checkpoint: `path` itself when it is one (a global_step<N> directory), else
+    the save directory's `iteration`, else the one its `latest` names (find_candidates without
+    fallback). `key`: the config key `path` came from, named in the errors."""
+    path = Path(path)
+    if not path.is_dir():
+        where = f" (config key '{key}')" if key else ""
+        raise FileNotFoundError(f"checkpoint directory {path}{where} does not exist")
+    if iteration is None and (iteration_of(path.name) is not None
+                              or (path / MANIFEST_NAME).is_file()):
+        return path
+    tags, _ = find_candidates(path, iteration, fallback=False)
+    return path / tags[0]
+
+
+def verify_checkpoint(directory: Path) -> tuple[Manifest | None, list[str]]:
+    """(manifest, problems found by any rank). Collective when torch.distributed is
+    initialized: every rank checks the sizes of all files and hashes its share of them."""
+    rank, world = collectives.rank(), collectives.world_size()
+    manifest = None
+    try:
+        manifest = read_manifest(directory)
+        share = assign_files(manifest.files, world)[rank]
+        local = check_files(directory, manifest, share, threads=min(4, os.cpu_count() or 1))
+    except CorruptFileError as err:
+        local = [str(err)]
+    problems = sorted({p for found in collectives.all_gather(local) for p in found})
+    return (None if problems else manifest), problems
+
+
+def damaged(directory: Path, problems: list[str]) -> str:
+    """The one message for a checkpoint that failed verification, every bad file named."""
+    return (f"checkpoint {directory} is damaged and will not be loaded:\n  - "
+            + "\n  - ".join(problems))
+
+
+def open_verified(step_dir: Path) -> Manifest:
+    """The manifest of `step_dir` once every file matches it; CorruptFileError naming each
+    damaged file otherwise. Collective like verify_checkpoint."""
+    manifest, problems = verify_checkpoint(step_dir)
+    if problems:
+        raise CorruptFileError(damaged(step_dir, problems) + "\nRestore the files from a backup "
+                               "or pick another checkpoint with iteration=<N>")
+    return manifest

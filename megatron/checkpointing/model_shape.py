@@ -1,0 +1,69 @@
+"""The model shape a checkpoint holds: which fields make it, and how a mismatch is reported.
+
+Two views of the same thing, both owned here:
+- `SHAPE_KEYS`: what the manifest's `run` records (the sizes every tensor's shape follows);
+  training refuses a checkpoint whose recorded shape differs from its own (A23).
+- `ARCHITECTURE_FIELDS`: the ModelConfig fields that must agree between a run config and a
+  checkpoint's saved config before its weights are used for generation, eval, export or
+  import; the rest (seq_length, dropout, init, seed, softmax precision) may differ there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
+              "intermediate_size", "padded_vocab_size")
+
+ARCHITECTURE_FIELDS = (
+    "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "intermediate_size",
+    "pos_emb", "rotary_pct", "rotary_emb_base", "norm", "norm_epsilon", "activation",
+    "tied_embeddings", "gpt_j_residual", "gpt_j_tied", "use_bias_in_norms",
+    "use_bias_in_attn_linear", "use_bias_in_mlp", "attention_types", "sliding_window_width",
+)
+
+
+def describe_shape(args, padded_vocab_size: int | None) -> dict:
+    """The manifest's shape keys for the run config `args` (its model section and derived
+    values) with the embedding's padded vocabulary."""
+    m, d = args.model, args.derived
+    return {"num_layers": m.num_layers, "hidden_size": m.hidden_size,
+            "num_attention_heads": m.num_attention_heads, "num_kv_heads": d.num_kv_heads,
+            "intermediate_size": d.intermediate_size, "padded_vocab_size": padded_vocab_size}
+
+
+def shape_mismatches(saved: dict, current: dict) -> list[str]:
+    """`key: checkpoint X, this run Y` for each recorded shape key that differs."""
+    out = []
+    for key in SHAPE_KEYS:
+        a, b = saved.get(key), current.get(key)
+        if a is not None and b is not None and a != b:
+            out.append(f"{key}: checkpoint {a}, this run {b}")
+    return out
+
+
+def architecture_mismatches(run, saved) -> list[str]:
+    """`key: run value vs checkpoint value` for every architecture field of two ModelConfigs
+    that differs."""
+    names = {f.name for f in fields(type(run))}
+    out = []
+    for name in ARCHITECTURE_FIELDS:
+        assert name in names, name
+        a, b = getattr(run, name), getattr(saved, name)
+        if a != b:
+            out.append(f"{name}: {a!r} in this run's config vs {b!r} in the checkpoint's")
+    if saved.pos_emb == "learned" and run.max_position_embeddings != saved.max_position_embeddings:
+        out.append(f"max_position_embeddings (learned position table): "
+                   f"{run.max_position_embeddings} vs {saved.max_position_embeddings}")
+    return out
+
+
+def check_architecture(run, saved, step_dir: Path) -> None:
+    """Refuse a run config whose model differs from the checkpoint's (a clear error, not a
+    shape mismatch deep inside load_state_dict)."""
+    problems = architecture_mismatches(run, saved)
+    if problems:
+        raise ValueError(f"the model in this config differs from the checkpoint {step_dir} ("
+                         + "; ".join(problems) + "); use the model config the checkpoint was "
+                         "trained with")

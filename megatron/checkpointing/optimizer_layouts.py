@@ -1,0 +1,376 @@
+"""DeepSpeed's optimizer state layouts as objects; the one module that touches DeepSpeed's
+optimizer internals (private attributes and the keys of its optimizer files).
+
+A layout knows how one kind of optimizer holds its per-parameter state, in memory and on disk:
+
+    "torch"  a plain torch optimizer (fp32, ZeRO 0): `optimizer.state[param]`, saved in the
+             model file's "optimizer" state dict, indexed by parameter order
+    "flat"   DeepSpeed's bf16 optimizer or ZeRO stage 1/2: each parameter group laid end to end
+             in one fp32 buffer, split into equal parts over the data-parallel ranks; each
+             rank's part (master copy and the base optimizer's state) in its optimizer file
+    "zero3"  ZeRO stage 3: every parameter split into ceil(numel / dp) parts (the last padded),
+             rank d's parts of a group end to end in its optimizer file
+    "none"   no optimizer state (no_save_optim, or no optimizer)
+
+Each layout can `detects(optimizer)`, list its parameter `groups` in buffer order (what the
+shard index records), `read` one model-parallel rank's saved state as per-parameter tensors
+(merged over data-parallel ranks), and `place` one rank's part of layout-free state into a
+live optimizer. Which state tensors an optimizer keeps per parameter is declared by the
+optimizer registry (`state_keys`: Adam's exp_avg and exp_avg_sq, SGD's momentum_buffer); a
+layout reads and places exactly those, plus the fp32 master copy where there is one.
+
+Every DeepSpeed attribute goes through `_internal`, which names the DeepSpeed version found and
+the one this code reads when the attribute is missing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from megatron.checkpointing.durable import load_torch
+from megatron.checkpointing.errors import CheckpointMismatchError
+
+SUPPORTED_DEEPSPEED = "0.19"
+_FP32_MASTER_ATTRS = ("single_partition_of_fp32_groups", "fp32_groups_flat_partition",
+                      "fp32_partitioned_groups_flat")
+
+
+def _internal(obj, name: str):
+    """`obj.name`, a DeepSpeed internal; a RuntimeError naming both versions when missing."""
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        import deepspeed
+
+        raise RuntimeError(
+            f"DeepSpeed {deepspeed.__version__} has no {type(obj).__name__}.{name}: checkpoint "
+            f"saving and resharding read DeepSpeed {SUPPORTED_DEEPSPEED}.x optimizer internals. "
+            f"Install deepspeed>={SUPPORTED_DEEPSPEED},<0.20 (requirements/requirements.txt)"
+        ) from None
+
+
+# --- parameters and file names ------------------------------------------------------------
+
+def full_shape(param: torch.Tensor) -> torch.Size:
+    """A parameter's (tensor-parallel shard) shape; ZeRO 3 keeps it beside an empty tensor."""
+    return torch.Size(getattr(param, "ds_shape", param.shape))
+
+
+def stored_tensor(param: torch.Tensor) -> torch.Tensor:
+    """What this rank stores of a parameter: ZeRO 3's partition, else the parameter."""
+    return getattr(param, "ds_tensor", param)
+
+
+def model_file_name(ds, root: Path, tag: str) -> str:
+    """DeepSpeed's name of this rank's model-states file in checkpoint `tag`."""
+    return os.path.basename(_internal(ds, "_get_ckpt_name")(str(root), tag))
+
+
+def optimizer_file_path(ds, root: Path, tag: str) -> str:
+    """DeepSpeed's path of this rank's optimizer-partition file in checkpoint `tag`."""
+    return _internal(ds, "_get_zero_ckpt_name")(str(root), tag)
+
+
+def optimizer_file_name(ds, root: Path, tag: str) -> str:
+    return os.path.basename(optimizer_file_path(ds, root, tag))
+
+
+def hide_optimizer_from_save(ds, hidden: bool):
+    """(optimizer, save_zero_checkpoint) before the change; with `hidden`, DeepSpeed's save
+    writes no optimizer state. Give the returned pair to `restore_optimizer`."""
+    saved = ds.optimizer, _internal(ds, "save_zero_checkpoint")
+    if hidden:
+        ds.optimizer, ds.save_zero_checkpoint = None, False
+    return saved
+
+
+def restore_optimizer(ds, saved) -> None:
+    ds.optimizer, ds.save_zero_checkpoint = saved
+
+
+def partitions_weights(ds) -> bool:
+    """ZeRO stage 3: the weights live in the optimizer's partitions."""
+    return bool(ds.zero_optimization_partition_weights())
+
+
+# --- the bf16 optimizer without ZeRO: DeepSpeed 0.19's load misses this rank's partition -----
+
+def is_bf16_wrapper(optimizer) -> bool:
+    from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
+
+    return isinstance(optimizer, BF16_Optimizer)
+
+
+def load_bf16_partition(ds, root: Path, tag: str) -> None:
+    """Load this data-parallel rank's BF16_Optimizer partition (fp32 master + state)."""
+    import torch.distributed as dist
+
+    from megatron.checkpointing.errors import CheckpointError
+
+    path = optimizer_file_path(ds, root, tag)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path} is missing: the checkpoint has no bf16 optimizer partition "
+                              "for this data-parallel rank")
+    state = ds.checkpoint_engine.load(path, map_location="cpu")["optimizer_state_dict"]
+    dp_rank = dist.get_rank(group=_internal(ds.optimizer, "dp_process_group"))
+    per_rank = [None] * dp_rank + [state]
+    ds.optimizer.load_state_dict(per_rank, load_optimizer_states=True, load_from_fp32_weights=True)
+
+
+def refresh_masters(optimizer) -> None:
+    """The bf16 optimizer's fp32 master copies from the (just loaded) module weights."""
+    _internal(optimizer, "refresh_fp32_params")()
+
+
+def master_tensors(optimizer) -> list:
+    """The fp32 master partitions an optimizer wrapper holds (for size estimates)."""
+    return [getattr(optimizer, a) for a in _FP32_MASTER_ATTRS if hasattr(optimizer, a)]
+
+
+def partitioned(optimizer) -> bool:
+    """Whether the optimizer state is split over data-parallel ranks (ZeRO or bf16 wrapper)."""
+    return hasattr(optimizer, "dp_process_group")
+
+
+# --- the layouts -----------------------------------------------------------------------------
+
+class Layout:
+    """One way an optimizer holds per-parameter state (see the module docstring)."""
+
+    name = "none"
+
+    def detects(self, optimizer) -> bool:
+        return optimizer is None
+
+    def groups(self, optimizer) -> list[list]:
+        return []
+
+    def read(self, step_dir: Path, index: dict, indexes: list[dict], keys: tuple[str, ...],
+             found: dict) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
+        raise CheckpointMismatchError(
+            f"cannot reshard the optimizer state of {step_dir}: rank {index['rank']} saved none "
+            "(no_save_optim). Load it with no_load_optim=true")
+
+    def place(self, optimizer, params, full, tp, sharding, with_state: bool) -> None:
+        """Nothing to place: the caller copies the weights into the parameters."""
+
+
+class TorchLayout(Layout):
+    name = "torch"
+
+    def detects(self, optimizer) -> bool:
+        return hasattr(optimizer, "param_groups") and not partitioned(optimizer)
+
+    def groups(self, optimizer) -> list[list]:
+        return [g["params"] for g in optimizer.param_groups]
+
+    def read(self, step_dir, index, indexes, keys, found):
+        saved = load_torch(step_dir / index["model_file"])["optimizer"]
+        for group, saved_group in zip(index["groups"], saved["param_groups"]):
+            for (name, _), idx in zip(group, saved_group["params"]):
+                values = saved["state"].get(idx, {})
+                _note_step(found, values)
+                held = _declared(values, keys, f"{step_dir / index['model_file']} ({name})")
+                if held:
+                    yield name, held
+
+    def place(self, optimizer, params, full, tp, sharding, with_state):
+        if not with_state:
+            return
+        for name, p in params:
+            state = optimizer.state[p]
+            if full.step is not None:
+                state["step"] = full.step.clone()
+            for key in full.state_keys:
+                state[key] = sharding.local(full.state[name][key], name, tp).to(p.dtype).clone()
+
+
+class FlatLayout(Layout):
+    name = "flat"
+
+    def detects(self, optimizer) -> bool:
+        return hasattr(optimizer, "bf16_groups") or hasattr(optimizer, "bit16_groups")
+
+    def groups(self, optimizer) -> list[list]:
+        if hasattr(optimizer, "bf16_groups"):
+            return optimizer.bf16_groups
+        return getattr(optimizer, "round_robin_bit16_groups", None) or optimizer.bit16_groups
+
+    def read(self, step_dir, index, indexes, keys, found):
+        parts = _partition_files(step_dir, index, indexes)
+        for g, group in enumerate(index["groups"]):
+            master = [p["single_partition_of_fp32_groups"][g] for p in parts]
+            states = [_group_state(p["base_optimizer_state"], g) for p in parts]
+            per_rank = _per_rank_state(step_dir, index, g, master, states, keys, found)
+            flat = {k: torch.cat(v) for k, v in per_rank.items()}
+            offset = 0
+            for name, shape in group:  # the ranks' parts end to end: the group end to end
+                numel = int(torch.Size(shape).numel())
+                yield name, {k: v[offset:offset + numel].view(shape) for k, v in flat.items()}
+                offset += numel
+            _check_sizes(step_dir, index, g, group, master, zero3=False)
+
+    def place(self, optimizer, params, full, tp, sharding, with_state):
+        """Each parameter's fragment of this rank's fp32 partition: the master copy (from the
+        saved one, or from the weights) and, with `with_state`, the optimizer's state."""
+        base = _internal(optimizer, "optimizer")
+        for name, p in params:
+            mapping = getattr(p, "_hp_mapping", None)
+            if mapping is None:
+                continue  # none of this parameter lies in this data-parallel rank's partition
+            lp, hp = mapping.lp_fragment_address, mapping.hp_fragment_address
+            values = {"master": full.master.get(name, full.weights[name]),
+                      **(full.state[name] if with_state else {})}
+            flat_param = base.param_groups[mapping.param_group_index]["params"][0]
+            for key, value in values.items():
+                part = sharding.local(value, name, tp).flatten().narrow(0, lp.start, lp.numel)
+                if key == "master":
+                    mapping.hp_fragment.data.copy_(part)
+                    continue
+                target = _state_tensor(base, flat_param, key, full.step)
+                target.narrow(0, hp.start, hp.numel).copy_(part)
+
+
+class Zero3Layout(Layout):
+    name = "zero3"
+
+    def detects(self, optimizer) -> bool:
+        return hasattr(optimizer, "fp32_partitioned_groups_flat")
+
+    def groups(self, optimizer) -> list[list]:
+        return _internal(optimizer, "fp16_groups")
+
+    def read(self, step_dir, index, indexes, keys, found):
+        parts = _partition_files(step_dir, index, indexes)
+        for g, group in enumerate(index["groups"]):
+            master = [p["fp32_flat_groups"][g] for p in parts]
+            states = [p["optimizer_state_dict"]["state"][g] for p in parts]
+            per_rank = _per_rank_state(step_dir, index, g, master, states, keys, found)
+            dp, offset = len(master), 0
+            for name, shape in group:  # every rank holds ceil(numel / dp) of each parameter
+                numel = int(torch.Size(shape).numel())
+                part = -(-numel // dp)
+                yield name, {k: torch.cat([t[offset:offset + part] for t in v])[:numel].view(shape)
+                             for k, v in per_rank.items()}
+                offset += part
+            _check_sizes(step_dir, index, g, group, master, zero3=True)
+
+    def place(self, optimizer, params, full, tp, sharding, with_state):
+        """This rank's part of every parameter (ceil(numel / dp) values, the last part padded
+        with zeros) into the parameter's partition, the fp32 partition and the state."""
+        import torch.distributed as dist
+
+        positions = _internal(optimizer, "grad_position")
+        flat_groups = _internal(optimizer, "fp32_partitioned_groups_flat")
+        base = _internal(optimizer, "optimizer")
+        for name, p in params:
+            values = {"master": full.master.get(name, full.weights[name]),
+                      **(full.state[name] if with_state else {})}
+            group_pg = _internal(p, "ds_process_group")
+            rank, world = dist.get_rank(group=group_pg), dist.get_world_size(group=group_pg)
+            part = _internal(p, "ds_tensor").numel()
+            group, offset, numel = positions[optimizer.get_param_id(p)]
+            flat_param = flat_groups[group]
+            for key, value in values.items():
+                flat = sharding.local(value, name, tp).flatten()
+                padded = torch.nn.functional.pad(flat, (0, part * world - flat.numel()))
+                piece = padded[rank * part:(rank + 1) * part]
+                if key == "master":
+                    p.ds_tensor.data.copy_(piece)
+                    target = flat_param
+                else:
+                    target = _state_tensor(base, flat_param, key, full.step)
+                target.data.narrow(0, offset, numel).copy_(piece[:numel])
+
+
+LAYOUTS: tuple[Layout, ...] = (FlatLayout(), Zero3Layout(), TorchLayout())
+NONE = Layout()
+
+
+def detect(optimizer) -> Layout:
+    """The layout of a live optimizer (DeepSpeed's wrapper or a torch optimizer)."""
+    if optimizer is None:
+        return NONE
+    return next((layout for layout in LAYOUTS if layout.detects(optimizer)), NONE)
+
+
+def by_name(name: str) -> Layout:
+    """The layout a shard index names."""
+    found = {layout.name: layout for layout in LAYOUTS}
+    return found.get(name, NONE)
+
+
+# --- helpers shared by the layouts -------------------------------------------------------------
+
+def _declared(values: dict, keys: tuple[str, ...], where: str) -> dict[str, torch.Tensor]:
+    """The declared state tensors of one parameter; a tensor the declaration does not name is
+    refused (resharding never drops state). {} when the optimizer has not stepped yet."""
+    held = {k: v for k, v in values.items() if k != "step"}
+    undeclared = sorted(k for k, v in held.items() if isinstance(v, torch.Tensor) and k not in keys)
+    if undeclared:
+        raise CheckpointMismatchError(
+            f"{where}: the optimizer state holds {', '.join(undeclared)}, which the optimizer "
+            f"that saved it does not declare (declared: {', '.join(keys) or 'none'}); resharding "
+            "would lose it. Load at the saving layout, or declare it in the optimizer registry")
+    if not held:
+        return {}
+    missing = [k for k in keys if k not in held]
+    if missing:
+        raise CheckpointMismatchError(
+            f"{where}: the optimizer state lacks {', '.join(missing)}, which its optimizer "
+            "declares; the files do not match their index")
+    return {k: held[k] for k in keys}
+
+
+def _note_step(found: dict, values: dict) -> None:
+    if found.get("step") is None and "step" in values:
+        found["step"] = torch.as_tensor(values["step"], dtype=torch.float32).detach().clone()
+
+
+def _partition_files(step_dir: Path, index: dict, indexes: list[dict]) -> list[dict]:
+    """The optimizer files of every data-parallel rank of this (pipeline, tensor) position."""
+    position = (index["pipe"], index["model"])
+    same = sorted((i for i in indexes if (i["pipe"], i["model"]) == position),
+                  key=lambda i: i["data"])
+    return [load_torch(step_dir / i["optimizer_file"])["optimizer_state_dict"] for i in same]
+
+
+def _per_rank_state(step_dir, index, g, master, states, keys, found) -> dict[str, list]:
+    """{"master": [per dp rank], key: [per dp rank] for each declared key} of group g."""
+    _note_step(found, states[0])
+    where = f"{step_dir}: pipeline stage {index['pipe']}, tensor rank {index['model']}, group {g}"
+    declared = [_declared(s, keys, where) for s in states]
+    return {"master": master, **{k: [d[k] for d in declared] for k in keys if declared[0]}}
+
+
+def _group_state(base: dict | list, g: int) -> dict:
+    """Group g's state in DeepSpeed's saved base optimizer (a list per group for ZeRO, a torch
+    state dict with one flat parameter per group for the bf16 optimizer)."""
+    return base[g] if isinstance(base, list) else base["state"][g]
+
+
+def _check_sizes(step_dir: Path, index: dict, g: int, group: list, master: list, zero3: bool):
+    dp = len(master)
+    numels = [int(torch.Size(shape).numel()) for _, shape in group]
+    needed = sum(-(-n // dp) for n in numels) * dp if zero3 else sum(numels)
+    held = sum(int(m.numel()) for m in master)
+    if held < needed:
+        raise CheckpointMismatchError(
+            f"{step_dir}: the optimizer files of pipeline stage {index['pipe']}, tensor rank "
+            f"{index['model']} hold {held} values in group {g}, fewer than its parameters' "
+            f"{needed}: the files do not match their index")
+
+
+def _state_tensor(base, flat_param: torch.Tensor, key: str, step) -> torch.Tensor:
+    """The base optimizer's `key` buffer for a flat fp32 partition, created (zeros, with the
+    saved step) when the optimizer has not stepped yet."""
+    state = base.state[flat_param]
+    if key not in state:
+        state[key] = torch.zeros_like(flat_param)
+    if step is not None:
+        state["step"] = step.clone()
+    return state[key]

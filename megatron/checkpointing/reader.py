@@ -1,0 +1,77 @@
+"""Reading a checkpoint's weights for generation, eval and export: verified, full, canonical.
+
+    ck = read_checkpoint(args.checkpoint.load, args.checkpoint.iteration)
+    ck.canonical   # {"<layer>.<path>": full tensor}, whatever tp / pp / ZeRO layout saved them
+    ck.saved_args  # the saving run's resolved config (its config.yml)
+
+The checkpoint is `<load>/global_step<N>/` (N from `iteration`, else the tag `<load>/latest`
+names; locate.step_directory). Every file is checked against the manifest's sizes and sha256
+first (locate.open_verified): a damaged checkpoint is refused with each bad file named. The
+caller shards the canonical tensors for its own tensor-parallel degree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from megatron.checkpointing.layout import CONFIG_NAME, iteration_of
+from megatron.checkpointing.locate import open_verified, step_directory
+from megatron.checkpointing.weights import full_weights
+
+
+@dataclass(frozen=True)
+class CheckpointWeights:
+    """A checkpoint's full weights and what its saved config says about them."""
+
+    step_dir: Path
+    iteration: int | None
+    tensor_parallel: int
+    canonical: dict[str, torch.Tensor]
+    saved_args: object  # the saving run's NeoXArgs
+
+    @property
+    def trained_vocab(self) -> int:
+        """Rows of the embedding in the checkpoint (its padded vocabulary)."""
+        return int(self.canonical["0.word_embeddings.weight"].shape[0])
+
+
+def checkpoint_dir(load: str | None, iteration: int | None) -> Path:
+    """The step directory a reader configured with `load` / `iteration` reads."""
+    if not load:
+        raise ValueError("generation and evaluation read a trained checkpoint, but 'load' is not "
+                         "set; set load to the directory the training run saved to")
+    return step_directory(Path(load), iteration, key="load")
+
+
+def read_checkpoint(load: str | Path | None, iteration: int | None = None) -> CheckpointWeights:
+    """Full canonical weights of the chosen checkpoint (verified), with its saved config.
+    `load` is a save directory or a global_step<N> directory."""
+    from megatron.neox_arguments import NeoXArgs
+
+    step_dir = checkpoint_dir(str(load) if load else None, iteration)
+    manifest = open_verified(step_dir)
+    config_path = step_dir / CONFIG_NAME
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} is missing: the checkpoint does not record the "
+                                "config it was saved with, so its tensor-parallel layout is "
+                                "unknown")
+    saved = NeoXArgs.from_yml_saved(config_path)
+    canonical = full_weights(step_dir, manifest=manifest)
+    tp = int(manifest.run.get("tp") or 1)
+    return CheckpointWeights(step_dir, iteration_of(step_dir.name), tp, canonical, saved)
+
+
+def resize_vocab(canonical: dict[str, torch.Tensor], num_layers: int, rows: int
+                 ) -> dict[str, torch.Tensor]:
+    """The canonical weights with the embedding (and untied LM head) padded with zero rows to
+    `rows` (needed when this run's tensor-parallel degree does not divide the checkpoint's
+    padded vocabulary). Logits of the added rows are masked by the caller."""
+    out = dict(canonical)
+    for name in ("0.word_embeddings.weight", f"{num_layers + 2}.weight"):
+        if name in out and out[name].shape[0] < rows:
+            w = out[name]
+            out[name] = torch.cat([w, w.new_zeros(rows - w.shape[0], *w.shape[1:])])
+    return out
