@@ -59,7 +59,7 @@ def layer_shards(canonical: dict[str, torch.Tensor], tp: int, sharding: Sharding
 
 def describe_weights(args, tp: int, canonical: dict[str, torch.Tensor]) -> dict:
     """The manifest's `run` for a weights-only checkpoint: degrees that no engine chose are
-    None; the model shape as `compatibility.describe_run` records it."""
+    None; the model shape as `model_shape.describe_shape` gives it."""
     return {"tp": tp, "pp": 1, "pipe_parallel_size": args.parallelism.pipe_parallel_size,
             "dp": None, "world_size": None, "zero_stage": None, "precision": args.derived.precision,
             **describe_shape(args, int(canonical["0.word_embeddings.weight"].shape[0]))}

@@ -3,10 +3,11 @@
 Each scenario trains at layout A and saves, then a second set of worker processes builds
 layout B, loads (resharding), evaluates the loss of a fixed batch, saves again at once and
 trains on. The full state read back from both checkpoints must be bitwise identical (weights,
-fp32 master copies, Adam moments, step, LR schedule): nothing is lost or reordered; a bf16
-checkpoint loaded at fp32 takes its weights from the fp32 master copies, not the rounded
-ones. The loss of the fixed batch and the continued training match layout A's own
-continuation up to the summation-order differences of other tensor-parallel splits.
+fp32 master copies, the optimizer's declared state such as Adam's moments or SGD's momentum
+buffer, step, LR schedule): nothing is lost or reordered; a bf16 checkpoint loaded at fp32
+takes its weights from the fp32 master copies, not the rounded ones. The loss of the fixed
+batch and the continued training match layout A's own continuation up to the summation-order
+differences of other tensor-parallel splits.
 """
 
 from __future__ import annotations
