@@ -182,6 +182,7 @@ def launch(script: str, argv: list[str]) -> int:
 
     from megatron.entry import split_command_line
     from megatron.neox_arguments import NeoXArgs
+    from megatron.preflight import preflight
 
     if not Path(script).is_file():
         raise FileNotFoundError(f"script {script} does not exist; usage: python deepy.py "
@@ -191,6 +192,7 @@ def launch(script: str, argv: list[str]) -> int:
         raise ValueError("no config file given; usage: python deepy.py train.py configs/a.yml "
                          "[configs/b.yml] [key=value ...]")
     args = NeoXArgs.from_ymls(files, overrides)
+    preflight(args, script)
     plan = plan_launch(args, script)
     env = {**os.environ, **plan.env}
     if args.launcher.hostfile and not args.launcher.no_ssh and plan.env:

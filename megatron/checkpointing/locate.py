@@ -77,6 +77,22 @@ def step_directory(path: Path, iteration: int | None = None, key: str | None = N
     return path / tags[0]
 
 
+def planned_manifest(root: Path, iteration: int | None) -> Manifest | None:
+    """The manifest of the checkpoint training would try first (read, not verified), or None
+    when there is none: what start-up needs to know before the model exists."""
+    root = Path(root)
+    try:
+        tags, _ = find_candidates(root, iteration)
+    except FileNotFoundError:
+        return None
+    for tag in tags:
+        try:
+            return read_manifest(root / tag)
+        except CorruptFileError:
+            continue
+    return None
+
+
 def verify_checkpoint(directory: Path) -> tuple[Manifest | None, list[str]]:
     """(manifest, problems found by any rank). Collective when torch.distributed is
     initialized: every rank checks the sizes of all files and hashes its share of them."""

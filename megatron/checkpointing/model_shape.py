@@ -33,6 +33,37 @@ def describe_shape(args, padded_vocab_size: int | None) -> dict:
             "intermediate_size": d.intermediate_size, "padded_vocab_size": padded_vocab_size}
 
 
+def resumed_vocab(default: int, saved: int | None, tp: int, token_ids: int, where) -> int:
+    """The padded vocabulary of a run that loads the checkpoint `where`: its own (saved) size,
+    whatever tensor-parallel degree wrote it, when this run's degree `tp` divides it; `default`
+    (make_vocab_size_divisible_by x tp) when the checkpoint records none. ValueError when `tp`
+    does not divide it, or when it has fewer rows than the tokenizer has ids."""
+    if saved is None or saved == default:
+        return default
+    if saved < token_ids:
+        raise ValueError(f"checkpoint {where} embeds {saved} vocabulary rows but the tokenizer "
+                         f"has {token_ids} ids: use the tokenizer the checkpoint was trained with")
+    if saved % tp:
+        raise ValueError(f"checkpoint {where} embeds a padded vocabulary of {saved} rows, which "
+                         f"model_parallel_size {tp} cannot split into equal parts; use a "
+                         f"model_parallel_size that divides {saved} (e.g. the one it was saved "
+                         "with)")
+    return saved
+
+
+def vocab_for_run(load: str | None, iteration: int | None, default: int, tp: int,
+                  token_ids: int) -> int:
+    """The padded vocabulary a training run builds its model with: `default` for a new run,
+    the one of the checkpoint it will load from `load` otherwise (resumed_vocab)."""
+    from megatron.checkpointing.locate import planned_manifest
+
+    manifest = planned_manifest(Path(load), iteration) if load else None
+    if manifest is None:
+        return default
+    where = Path(load) / manifest.tag
+    return resumed_vocab(default, manifest.run.get("padded_vocab_size"), tp, token_ids, where)
+
+
 def shape_mismatches(saved: dict, current: dict) -> list[str]:
     """`key: checkpoint X, this run Y` for each recorded shape key that differs."""
     out = []

@@ -44,6 +44,7 @@ from megatron.monitoring.logger import get_logger
 logger = get_logger(__name__)
 
 MAGIC = b"MMIDIDX\x00\x00"
+CACHED_MAGIC = b"TNTIDX\x00\x00"  # GPT-NeoX's older 'cached' / 'lazy' index format
 VERSION = 1
 HEADER_BYTES = 34  # magic 9 + version 8 + dtype code 1 + N 8 + D 8
 WRITE_BUFFER_BYTES = 1 << 22
@@ -100,6 +101,11 @@ def _read_header(idx_path: str) -> tuple[type, int, int]:
     """Parse and check the fixed header; returns (dtype, N, D)."""
     with open(idx_path, "rb") as f:
         head = f.read(HEADER_BYTES)
+    if head[:8] == CACHED_MAGIC:
+        raise ValueError(
+            f"{idx_path} is in GPT-NeoX's older 'cached' indexed format, which this project does "
+            "not read; re-run tools/datasets/preprocess_data.py on the source documents to write "
+            "the mmap format")
     if head[:9] != MAGIC:
         raise ValueError(
             f"{idx_path} is not an mmap index file: expected magic {MAGIC!r}, found {head[:9]!r}"

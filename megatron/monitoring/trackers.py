@@ -48,7 +48,7 @@ class MetricsTracker:
         """The trackers the run config's logging section asks for."""
         lg = args.logging
         wandb_cfg = None
-        if lg.use_wandb:
+        if wandb_enabled(lg.use_wandb):
             wandb_cfg = {"project": lg.wandb_project, "group": lg.wandb_group,
                          "team": lg.wandb_team, "run_name": lg.wandb_run_name, "dir": lg.log_dir}
         return cls(lg.log_dir, lg.tensorboard_dir, wandb_cfg, args.to_dict(), enabled=enabled)
@@ -88,6 +88,16 @@ def _open_tensorboard(tensorboard_dir: str):
                            "pip install -r requirements/requirements-tensorboard.txt, or unset "
                            "tensorboard_dir") from None
     return SummaryWriter(log_dir=tensorboard_dir)
+
+
+def wandb_enabled(use_wandb: bool | None) -> bool:
+    """use_wandb as given; null (GPT-NeoX's default) is on when wandb is installed and has
+    credentials on this worker."""
+    if use_wandb is not None:
+        return bool(use_wandb)
+    import importlib.util
+
+    return importlib.util.find_spec("wandb") is not None and wandb_has_credentials()
 
 
 def wandb_has_credentials() -> bool:

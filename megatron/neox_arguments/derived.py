@@ -9,6 +9,7 @@ size, a malformed attention_config); the consistency rules themselves live in va
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -31,7 +32,7 @@ class Derived:
     gradient_accumulation_steps: int
     precision: str
     lr_decay_iters: int
-    warmup_iters: int
+    warmup_iters: float
     attention_types: tuple[str, ...]
     intermediate_size: int
     num_kv_heads: int
@@ -209,6 +210,19 @@ def mlp_width(
     return round_up(width, mlp_multiple_of)
 
 
+def decay_iterations(train_iters: int, lr_decay_iters: int | None,
+                     lr_decay_fraction: float | None) -> int:
+    """GPT-NeoX's decay length: lr_decay_iters, else floor(train_iters * lr_decay_fraction),
+    else train_iters; at least 1."""
+    if lr_decay_iters is not None:
+        iters = lr_decay_iters
+    elif lr_decay_fraction is not None:
+        iters = math.floor(train_iters * lr_decay_fraction)
+    else:
+        iters = train_iters
+    return max(1, iters)
+
+
 def should_save(iteration: int, checkpoint_factor: float | None, checkpoint_scale: str,
                 extra_save_iters) -> bool:
     """Whether a checkpoint is saved after `iteration`: the one save schedule, used by the
@@ -262,7 +276,7 @@ def compute_derived(c: Mapping[str, Any], world_size: int | None = None) -> Deri
         dp, c["train_batch_size"], c["train_micro_batch_size_per_gpu"],
         c["gradient_accumulation_steps"],
     )
-    decay_iters = c["lr_decay_iters"] or c["train_iters"]
+    decay_iters = decay_iterations(c["train_iters"], c["lr_decay_iters"], c["lr_decay_fraction"])
     return Derived(
         world_size=world,
         num_nodes=nodes,
@@ -275,7 +289,7 @@ def compute_derived(c: Mapping[str, Any], world_size: int | None = None) -> Deri
         gradient_accumulation_steps=accum,
         precision=resolve_precision(c["precision"], c["fp16"], c["bf16"]),
         lr_decay_iters=decay_iters,
-        warmup_iters=round(c["warmup"] * decay_iters),
+        warmup_iters=c["warmup"] * decay_iters,  # a fraction, as GPT-NeoX keeps it
         attention_types=expand_attention_types(c["attention_config"], c["num_layers"]),
         intermediate_size=mlp_width(
             c["hidden_size"], c["intermediate_size"], c["activation"], c["mlp_multiple_of"]

@@ -75,8 +75,7 @@ NOT_YET_IMPLEMENTED: frozenset[str] = frozenset({
     "te_fp8_wgrad", "te_fp8_amax_history_len", "te_fp8_amax_compute_algo", "te_fp8_margin",
     "te_fp8_mha",
     # optimizer / schedule
-    "use_bnb_optimizer", "lr_decay_fraction", "override_lr_scheduler",
-    "use_checkpoint_lr_scheduler", "scheduler",
+    "use_bnb_optimizer", "scheduler",
     # mup
     "use_mup", "coord_check", "save_base_shapes", "base_shapes_file", "mup_init_scale",
     "mup_attn_temp", "mup_output_temp", "mup_embedding_mult", "mup_rp_embedding_mult",

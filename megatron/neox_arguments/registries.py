@@ -75,7 +75,7 @@ REGISTRIES: dict[str, Registry] = {
              "rwkv", "mamba"),
         ),
         Registry("output_layer_parallelism", ("column",), ("row",)),
-        Registry("lr_decay_style", ("constant", "linear", "cosine"), ("exponential",)),
+        Registry("lr_decay_style", ("constant", "linear", "cosine", "exponential"), ()),
         Registry(
             "optimizer.type",
             ("Adam", "AdamW", "SGD"),

@@ -278,6 +278,12 @@ def _optimizer(c: Config, world_size: int | None) -> Iterator[str]:
             yield f"{key}({c[key]}) must be 0 or more."
     if not 0 <= c["warmup"] <= 1:
         yield f"warmup({c['warmup']}) is a fraction of lr_decay_iters and must be in [0, 1]."
+    fraction = c["lr_decay_fraction"]
+    if fraction is not None and not 0 < fraction <= 1:
+        yield f"lr_decay_fraction({fraction}) is a fraction of train_iters and must be in (0, 1]."
+    if c["use_checkpoint_lr_scheduler"] and c["override_lr_scheduler"]:
+        yield ("use_checkpoint_lr_scheduler and override_lr_scheduler are both true; choose "
+               "one: the checkpoint's learning-rate schedule or the config's.")
 
 
 def _at_least(c: Config, minimum: int, *keys: str) -> Iterator[str]:

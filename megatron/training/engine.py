@@ -13,7 +13,7 @@ from megatron.mpu.groups import ProcessGroups, TensorParallel
 from megatron.mpu.initialize import disable_deepspeed_shm_allreduce
 from megatron.mpu.layers import sync_sequence_parallel_grads
 from megatron.mpu.topology import Topology
-from megatron.training.learning_rates import AnnealingLR, Schedule
+from megatron.training.learning_rates import AnnealingLR, lr_schedule
 from megatron.training.optimizers import build_optimizer, state_keys
 
 log = get_logger(__name__)
@@ -36,13 +36,6 @@ class Engine:
     @property
     def lr_scheduler(self) -> AnnealingLR:
         return self.engine.lr_scheduler
-
-
-def lr_schedule(args) -> Schedule:
-    """The schedule constants from the run config."""
-    return Schedule(lr=args.optimizer.lr, min_lr=args.lr_schedule.min_lr,
-                    warmup_iters=args.derived.warmup_iters, decay_iters=args.derived.lr_decay_iters,
-                    style=args.lr_schedule.lr_decay_style)
 
 
 def build_model(args, model_config: ModelConfig, topology: Topology, tp: TensorParallel):
@@ -78,7 +71,9 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         optimizer=optimizer,
-        lr_scheduler=lambda opt: AnnealingLR(opt, schedule),
+        lr_scheduler=lambda opt: AnnealingLR(
+            opt, schedule, use_checkpoint=args.lr_schedule.use_checkpoint_lr_scheduler,
+            override=args.lr_schedule.override_lr_scheduler),
         model_parameters=None,
         config=deepspeed_config(args),
         # a PipelineModule brings its own grid; a plain module needs our groups

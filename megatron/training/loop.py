@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.checkpointing import load_checkpoint, save_checkpoint, should_save
+from megatron.checkpointing.model_shape import vocab_for_run
 from megatron.data.fingerprints import (check_datasets_unchanged, compare_fingerprints,
                                         dataset_fingerprints)
 from megatron.model.config import model_config_from_args
@@ -68,11 +69,34 @@ def setup_engine(args):
                                    args.parallelism.pipe_parallel_size)
     tokenizer = build_tokenizer(args.tokenizer.tokenizer_type, args.tokenizer.vocab_file,
                                 args.tokenizer.merge_file)
-    vocab = padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by,
-                              args.parallelism.model_parallel_size)
+    vocab = _model_vocab(args, tokenizer)
     model_config = model_config_from_args(args, vocab)
     engine = build_engine(args, model_config, ProcessGroups.build(topology))
     return engine, topology, tokenizer, model_config
+
+
+def _model_vocab(args, tokenizer) -> int:
+    """GPT-NeoX's padded vocabulary for a new run; a loaded checkpoint's own padded size
+    otherwise (the one rank 0 reads, on every rank), so that it resumes at any tensor-parallel
+    degree that divides it."""
+    tp = args.parallelism.model_parallel_size
+    default = padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by, tp)
+    found = None
+    if dist.get_rank() == 0:
+        try:
+            found = (vocab_for_run(args.checkpoint.load, args.checkpoint.iteration, default, tp,
+                                   tokenizer.vocab_size), None)
+        except ValueError as err:
+            found = (None, str(err))
+    box = [found]
+    dist.broadcast_object_list(box, src=0)
+    vocab, problem = box[0]
+    if problem:
+        raise ValueError(problem)
+    if vocab != default:
+        print_rank_0(f"padded vocabulary: {vocab} rows, as in the checkpoint to load "
+                     f"(a new run at model_parallel_size {tp} would pad to {default})")
+    return vocab
 
 
 def _pretrain(args) -> RunState:

@@ -80,8 +80,8 @@ def build_optimizer(model: torch.nn.Module, optimizer_type: str, params: dict,
     """The torch optimizer for `optimizer: {type, params}`; an unknown type lists the valid ones."""
     spec = _spec(optimizer_type)
     params = dict(params)
-    decay = params.pop("weight_decay", weight_decay)
-    return spec.build(param_groups(model, decay), params)
+    params.pop("weight_decay", None)  # as in GPT-NeoX the top-level weight_decay is used
+    return spec.build(param_groups(model, weight_decay), params)
 
 
 def state_keys(optimizer_type: str, params: dict) -> tuple[str, ...]:

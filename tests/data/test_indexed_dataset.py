@@ -125,7 +125,9 @@ def test_mismatched_pair_is_refused(tmp_path, write_dataset):
 
 
 @pytest.mark.parametrize("offset, patch, pattern", [
-    (0, b"TNTIDX\x00\x00\x00", r"expected magic b'MMIDIDX\\x00\\x00', found b'TNTIDX"),
+    (0, b"XNTIDX\x00\x00\x00", r"expected magic b'MMIDIDX\\x00\\x00', found b'XNTIDX"),
+    (0, b"TNTIDX\x00\x00\x00", r"is in GPT-NeoX's older 'cached' indexed format, which this "
+                              r"project does not read; re-run tools/datasets/preprocess_data.py"),
     (9, struct.pack("<Q", 2), "expected index version 1, found 2"),
     (17, struct.pack("<B", 9), r"expected a dtype code in \[1, 2, 3, 4, 5, 6, 7, 8\], found 9"),
 ])

@@ -50,8 +50,14 @@ def test_two_processes_train_evaluate_save_and_resume(small_data, tmp_path):
     assert list((run / "tb").glob("events.out.tfevents.*")), "no TensorBoard event file"
     assert list((run / "logs").glob("wandb/offline-run-*")), "no offline wandb run"
 
-    resumed = deepy("train.py", "configs/tiny.yml",
-                    *tiny_overrides(prefix, tok, run, train_iters=40))
+    # a longer run decays over more iterations: as in GPT-NeoX, the changed schedule must be
+    # chosen explicitly
+    longer = tiny_overrides(prefix, tok, run, train_iters=40)
+    refused = deepy("train.py", "configs/tiny.yml", *longer)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert ("decay iterations (lr_decay_iters / train_iters): checkpoint 30, config 40). Set "
+            "override_lr_scheduler: true") in refused.stderr, explain(refused)
+    resumed = deepy("train.py", "configs/tiny.yml", *longer, "override_lr_scheduler=true")
     assert resumed.returncode == 0, explain(resumed)
     assert "from iteration 30 to 40" in resumed.stdout
     train2, _ = read_metrics(run / "logs")
@@ -139,7 +145,7 @@ def test_resume_on_changed_data_is_refused_unless_allowed(tmp_path):
     # the same prefix, rebuilt from fewer documents: other content under the same name
     prepare_builtin(str(tmp_path / "a"), vocab_size=1024, max_documents=700)
     again = tiny_overrides(first.data_prefix, first.vocab_file, run, train_iters=20,
-                           split="80,10,10")
+                           split="80,10,10") + ["override_lr_scheduler=true"]
     refused = deepy("train.py", "configs/tiny.yml", *again)
     assert refused.returncode != 0
     assert "the training data differs from the data checkpoint" in refused.stderr, explain(refused)

@@ -66,7 +66,12 @@ CASES = [
      "norm 'batchnorm' is not a valid choice; choose one of: layernorm, rmsnorm, scalenorm"),
     ({"activation": "swish"}, None, "activation 'swish' is a GPT-NeoX choice"),
     ({"init_method": "he"}, None, "init_method 'he' is not a valid choice; choose one of: normal,"),
-    ({"lr_decay_style": "exponential"}, None, "lr_decay_style 'exponential' is a GPT-NeoX choice"),
+    ({"lr_decay_style": "exp"}, None, "lr_decay_style 'exp' is not a valid choice; choose one of: "
+     "constant, linear, cosine, exponential"),
+    ({"lr_decay_fraction": 1.5}, None, "lr_decay_fraction(1.5) is a fraction of train_iters and "
+     "must be in (0, 1]"),
+    ({"use_checkpoint_lr_scheduler": True, "override_lr_scheduler": True}, None,
+     "use_checkpoint_lr_scheduler and override_lr_scheduler are both true; choose one"),
     ({"tokenizer_type": "BertTokenizer"}, None, "tokenizer_type 'BertTokenizer' is not a valid choice"),
     ({"text_gen_type": "precompute"}, None, "text_gen_type 'precompute' is a GPT-NeoX choice"),
     ({"text_gen_type": "input-file"}, None, "text_gen_type is input-file, so sample_input_file must be set"),

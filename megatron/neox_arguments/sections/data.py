@@ -43,7 +43,8 @@ class DataArgs:
         "969, 30, 1", "Train, valid, test proportions of data_path, e.g. \"949,50,1\"."
     )
     data_impl: str = option(
-        "mmap", "Indexed dataset format: mmap (infer is accepted and means mmap)."
+        "infer", "Indexed dataset format: infer (read from each .idx header) or mmap; only the "
+        "mmap format exists here (GPT-NeoX's older 'cached' format is refused by name)."
     )
     mmap_warmup: bool = option(False, "Read through memory-mapped data once at start-up.")
     num_workers: int = option(2, "Data-loader worker processes per rank.")

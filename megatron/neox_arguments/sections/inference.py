@@ -20,7 +20,7 @@ class TextGenerationArgs:
         None, "Prompts file for input-file mode, prompts separated by prompt_end."
     )
     sample_output_file: str = option(
-        "samples.jsonl",
+        "samples.txt",
         "JSON-lines file the samples are written to (context, text, token ids, timing).",
     )
     num_samples: int = option(1, "Number of samples in unconditional mode.")

@@ -46,9 +46,9 @@ class ModelArgs:
         "gelu", "MLP activation: gelu, relu, silu, or the gated geglu, swiglu, reglu."
     )
     no_weight_tying: bool = option(
-        True,
+        False,
         "Give the output head its own weights instead of reusing the input embedding "
-        "(true by default here; GPT-NeoX's default is false).",
+        "(false: the head is the embedding, as in GPT-NeoX).",
     )
     gpt_j_residual: bool = option(
         False,

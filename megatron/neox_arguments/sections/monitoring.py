@@ -17,7 +17,10 @@ class LoggingArgs:
     tensorboard_dir: str | None = option(
         None, "Directory for TensorBoard event files (null: no TensorBoard)."
     )
-    use_wandb: bool = option(False, "Log metrics to Weights & Biases.")
+    use_wandb: bool | None = option(
+        None, "Log metrics to Weights & Biases: true, false, or null (GPT-NeoX's default: on "
+        "when wandb is installed and credentials reach the worker, WANDB_API_KEY or ~/.netrc)."
+    )
     wandb_project: str = option("neox", "Weights & Biases project name.")
     wandb_group: str | None = option(None, "Weights & Biases group that gathers related runs.")
     wandb_team: str | None = option(None, "Weights & Biases team (entity).")

@@ -22,7 +22,7 @@ class OptimizerArgs:
         "optimizer (lr is the peak learning rate).",
     )
     weight_decay: float = option(
-        0.01, "Weight decay coefficient (not applied to biases and norm weights)."
+        0.1, "Weight decay coefficient (not applied to biases and norm weights)."
     )
     gradient_clipping: float = option(
         1.0, "Clip gradients to this global L2 norm; 0 disables clipping."
@@ -60,12 +60,25 @@ class LRScheduleArgs:
     """Warmup then decay of the learning rate, GPT-NeoX semantics."""
 
     lr_decay_style: str = option(
-        "linear", "Learning-rate decay after warmup: constant, linear or cosine."
+        "linear", "Learning-rate decay after warmup: constant, linear, cosine or exponential."
     )
     lr_decay_iters: int | None = option(
-        None, "Iterations over which the learning rate decays; null means train_iters."
+        None, "Iterations over which the learning rate decays; null means lr_decay_fraction of "
+        "train_iters, or train_iters."
+    )
+    lr_decay_fraction: float | None = option(
+        None, "With lr_decay_iters null: decay over floor(train_iters * lr_decay_fraction)."
+    )
+    use_checkpoint_lr_scheduler: bool = option(
+        False, "On resume, take lr, min_lr, warmup, decay iterations and style from the "
+        "checkpoint's scheduler instead of requiring the config to match it."
+    )
+    override_lr_scheduler: bool = option(
+        False, "On resume, take the schedule from the config even where it differs from the "
+        "checkpoint's (the step count still comes from the checkpoint)."
     )
     min_lr: float = option(0.0, "Learning rate at the end of decay; at most the optimizer's lr.")
     warmup: float = option(
-        0.01, "Fraction of lr_decay_iters spent warming up linearly (0.01 = 1 percent)."
+        0.01, "Fraction of the decay iterations spent warming up linearly (0.01 = 1 percent; "
+        "not rounded, as in GPT-NeoX)."
     )

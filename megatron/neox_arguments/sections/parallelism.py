@@ -24,7 +24,7 @@ class ParallelismArgs:
         "(no effect when model_parallel_size is 1).",
     )
     pipe_partition_method: str = option(
-        "type:transformer",
+        "type:transformer|mlp",
         "How layers are spread over pipeline stages: parameters (balance parameter counts), "
         "uniform (balance layer counts) or type:<regex> (balance layers whose class matches).",
     )
