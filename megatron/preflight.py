@@ -6,7 +6,8 @@ For a run that loads a checkpoint (train.py, tools/ckpts/reshard.py):
 - the padded vocabulary: the checkpoint's own size must split over this run's
   model_parallel_size and hold the tokenizer's ids (checkpointing.model_shape.vocab_for_run;
   the workers build the model with that size);
-- the learning-rate schedule (train.py): a schedule that differs from the checkpoint's needs
+- the learning-rate schedule (train.py, a checkpoint a training engine wrote): a schedule
+  that differs from the checkpoint's needs
   override_lr_scheduler or use_checkpoint_lr_scheduler, as in GPT-NeoX
   (training.learning_rates.check_resumable; the workers apply the same rule on load).
 Each check reads only the manifest and config.yml of the checkpoint the run would load first.
@@ -32,7 +33,8 @@ def preflight(args, script: str) -> None:
         return
     step_dir = Path(ck.load) / manifest.tag
     _check_vocab(args, step_dir)
-    if name == "train.py" and not ck.no_load_optim:
+    # a checkpoint written from weights alone (e.g. converted from Hugging Face) has no schedule
+    if name == "train.py" and not ck.no_load_optim and manifest.contents.get("engine", True):
         _check_schedule(args, step_dir)
 
 
