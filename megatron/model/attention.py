@@ -19,6 +19,19 @@ def rotary_ndims(config) -> int:
     return int(config.head_dim * config.rotary_pct)
 
 
+def attention_window(attention_type: str, sliding_window_width: int | None) -> int | None:
+    """How many keys (the query's own included) a query sees, or None for all earlier ones.
+    `flash` with sliding_window_width W is flash-attn's causal window_size=(W, -1) as GPT-NeoX
+    passes it: keys i-W .. i, W + 1 of them; `local` sees the W keys i-W+1 .. i."""
+    if sliding_window_width is None:
+        return None
+    if attention_type == "flash":
+        return sliding_window_width + 1
+    if attention_type == "local":
+        return sliding_window_width
+    return None
+
+
 class SelfAttention(nn.Module):
     """Multi-head (or grouped-query) causal self-attention of one transformer layer.
 
@@ -41,7 +54,7 @@ class SelfAttention(nn.Module):
         self.dropout_p = config.attention_dropout
         self.softmax_fp32 = config.attention_softmax_in_fp32
         self.attention_type = config.attention_type(layer_number)
-        self.window = config.sliding_window_width if self.attention_type == "local" else None
+        self.window = attention_window(self.attention_type, config.sliding_window_width)
         self.kernel = attention_impl(self.attention_type)
         h, d = config.hidden_size, config.head_dim
         bias = config.use_bias_in_attn_linear
@@ -97,7 +110,7 @@ class SelfAttention(nn.Module):
         j = torch.arange(s_k, device=device).unsqueeze(0)
         keep = j <= i  # [s_q, s_k]
         if self.window is not None:
-            keep = keep & (i - j < self.window)
+            keep = keep & (i - j < self.window)  # the window's keys, the query's own included
         keep = keep.view(1, 1, s_q, s_k)
         if doc_mask is not None:
             keep = keep & doc_mask  # doc_mask: [b, 1, s, s]

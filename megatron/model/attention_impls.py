@@ -3,6 +3,12 @@
 Each takes q [b, h, s, d], k and v [b, kv, s, d] (kv divides h), and either `mask=None` meaning
 plain causal attention, or an additive float mask / boolean keep-mask broadcastable to
 [b, h, s, s]. They return [b, h, s, d].
+
+Attention type `flash` (GPT-NeoX's Pythia, Llama and Mistral configs) runs flash-attn where it
+is installed and the tensors are on CUDA; anywhere else torch SDPA computes the same attention
+(its flash kernel on CUDA, its math kernel on CPU). Which one runs is logged once per process.
+A sliding window (flash's causal `window_size=(W, -1)`: query i sees keys i-W .. i) is part of
+the mask the attention module builds, so every kernel honours it.
 """
 
 from __future__ import annotations
@@ -12,6 +18,11 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from megatron.monitoring.logger import get_logger
+
+log = get_logger(__name__)
+_LOGGED: set[str] = set()
 
 
 def sdpa_attention(q, k, v, mask, dropout_p: float, softmax_fp32: bool) -> torch.Tensor:
@@ -65,12 +76,19 @@ ATTENTION_IMPLS = {"sdpa": sdpa_attention, "reference": reference_attention,
 
 
 def attention_impl(attention_type: str):
-    """The kernel for a layer's attention type: `flash` needs flash-attn; the rest use SDPA."""
+    """The kernel for a layer's attention type: `flash` is flash-attn when it is installed,
+    else torch SDPA; the others are SDPA. Logs the choice once per process and type."""
     if attention_type == "flash":
-        if importlib.util.find_spec("flash_attn") is None:
-            raise RuntimeError(
-                "attention type 'flash' needs the flash-attn package, which is not installed: "
-                "pip install -r requirements/requirements-flashattention.txt, or use 'global' "
-                "(torch SDPA, which picks a flash kernel on GPUs by itself)")
-        return flash_attention
+        installed = importlib.util.find_spec("flash_attn") is not None
+        _log_once("flash", "attention 'flash': " + (
+            "flash-attn on CUDA tensors (masked or CPU inputs go through torch SDPA)"
+            if installed else "flash-attn is not installed; torch SDPA computes the same "
+            "attention (its flash kernel on CUDA, its math kernel on CPU)"))
+        return flash_attention if installed else sdpa_attention
     return sdpa_attention
+
+
+def _log_once(key: str, message: str) -> None:
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        log.info("%s", message)

@@ -125,15 +125,19 @@ def test_all_problems_are_reported_together():
     assert "hidden_size(66)" in msg and "seq_length(64)" in msg
 
 
-def test_flash_without_flash_attn_gives_install_hint(monkeypatch):
+def test_flash_without_flash_attn_is_accepted(monkeypatch):
+    """torch SDPA computes flash's attention where flash-attn is missing (the model logs it)."""
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "flash_attn" else real(name, *a)
     )
-    msg = error(attention_config=[[["flash"], 2]])
-    assert "flash_attn is not installed" in msg
-    assert "pip install -r requirements/requirements-flashattention.txt" in msg
-    assert "use attention type global" in msg
+    assert make(attention_config=[[["flash"], 2]]).derived.attention_types == ("flash", "flash")
+
+
+def test_a_sliding_window_no_layer_uses_is_refused():
+    assert "sliding_window_width(8) is set but no layer uses it: only 'flash' and 'local'" in \
+        error(sliding_window_width=8)
+    assert make(attention_config=[[["flash"], 2]], sliding_window_width=8).sliding_window_width == 8
 
 
 def test_flash_is_accepted_when_flash_attn_is_importable(monkeypatch):
