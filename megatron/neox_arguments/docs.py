@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .derived import Derived
 from .fields import describe, field_doc, field_types
-from .neox_keys import NOT_YET_IMPLEMENTED, RENAMED, RUNTIME_KEYS
+from .neox_keys import NEOX_DEFAULTS, NOT_YET_IMPLEMENTED, RENAMED, RUNTIME_KEYS, show
 from .sections import SECTIONS
 
 README = Path(__file__).resolve().parents[2] / "configs" / "README.md"
@@ -82,16 +82,25 @@ def _derived_section() -> str:
     )
 
 
+def _with_default(key: str) -> str:
+    if key not in NEOX_DEFAULTS:
+        return f"`{key}` (refused at any value)"
+    return f"`{key}: {show(NEOX_DEFAULTS[key])}`"
+
+
 def _neox_section() -> str:
     renamed = ", ".join(f"`{old}` → `{new}`" for old, new in sorted(RENAMED.items()))
-    runtime = ", ".join(f"`{k}`" for k in sorted(RUNTIME_KEYS))
-    nyi = ", ".join(f"`{k}`" for k in sorted(NOT_YET_IMPLEMENTED))
+    runtime = ", ".join(_with_default(k) for k in sorted(RUNTIME_KEYS))
+    nyi = ", ".join(_with_default(k) for k in sorted(NOT_YET_IMPLEMENTED))
     return (
         "## GPT-NeoX keys that are not fields here\n\n"
         f"Renamed (accepted with a warning naming the new key): {renamed}.\n\n"
-        f"Computed at run time, refused in configs: {runtime}.\n\n"
-        "Not implemented yet (refused; a `null` or `false` value is ignored with a warning; "
-        f"DeepSpeed-only entries can go inside `deepspeed_extra_args`): {nyi}.\n"
+        "The keys below are accepted only at GPT-NeoX's default value, shown with each key: it "
+        "changes nothing, so it is dropped silently. Any other value is refused. A switch "
+        "whose default is `false` is also accepted as `null`, and `use_comet` as `false`.\n\n"
+        f"Computed at run time here: {runtime}.\n\n"
+        "Not implemented yet (DeepSpeed-only entries can go inside `deepspeed_extra_args`): "
+        f"{nyi}.\n"
     )
 
 

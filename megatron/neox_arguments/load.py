@@ -2,7 +2,8 @@
 
 Steps: read each YAML file (GPT-NeoX's JSON-style files with comments and trailing commas are
 YAML) -> spell keys canonically (dashes become underscores; renamed GPT-NeoX keys are accepted
-with a warning) -> refuse unknown and not-yet-implemented keys -> merge left to right, a later
+with a warning; GPT-NeoX-only keys set to GPT-NeoX's default are dropped, as they change
+nothing) -> refuse unknown keys and other GPT-NeoX-only values -> merge left to right, a later
 source replacing a key's whole value (logged with both sources) -> apply overrides ("key=value"
 strings parsed as YAML, or a dict; "optimizer.params.lr=0.001" sets inside a mapping) -> check
 every value against its field's type. Defaults are filled in by the section dataclasses.
@@ -13,7 +14,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
@@ -23,7 +23,10 @@ import yaml
 from ..monitoring.logger import get_logger
 from .errors import ConfigError, ConfigFileNotFoundError
 from .fields import TypeMismatch, coerce, describe, field_types
-from .neox_keys import NOT_YET_IMPLEMENTED, RENAMED, RUNTIME_KEYS, not_implemented_reason
+from .neox_keys import (
+    NOT_YET_IMPLEMENTED, RENAMED, RUNTIME_KEYS, default_clause, is_neox_default,
+    not_implemented_reason, show,
+)
 from .registries import CANONICALISED_KEYS, REGISTRIES
 from .sections import FIELD_SECTION, SECTIONS
 
@@ -131,7 +134,7 @@ def _nearest(key: str) -> str:
 
 
 def canonical_key(raw: Any, value: Any, source: str) -> str | None:
-    """The field a written key sets; None for a switched-off GPT-NeoX option (ignored)."""
+    """The field a written key sets; None for a GPT-NeoX-only key at its default (a no-op)."""
     if not isinstance(raw, str):
         raise ConfigError(f"Config key {raw!r} in {source} is not a string.")
     key = raw.strip().replace("-", "_")
@@ -143,23 +146,16 @@ def canonical_key(raw: Any, value: Any, source: str) -> str | None:
         key = RENAMED[key]
     if key in FIELD_TYPES:
         return key
+    if is_neox_default(key, value):
+        return None  # a GPT-NeoX-only key at GPT-NeoX's default changes nothing
     if key in RUNTIME_KEYS:
         raise ConfigError(
-            f"'{raw}' in {source} is not a config option here: it is {RUNTIME_KEYS[key]}. "
-            "Remove it."
+            f"'{raw}' in {source} is not a config option here: it is {RUNTIME_KEYS[key]}; "
+            f"{default_clause(key, value)}. Remove it."
         )
     if key in NOT_YET_IMPLEMENTED:
-        if value is None or value is False:
-            log.warning("%s: '%s' is set to %r and ignored (%s).", source, raw, value,
-                        not_implemented_reason(key))
-            return None
-        raise ConfigError(f"{source}: {not_implemented_reason(key)}.")
+        raise ConfigError(f"{source}: {not_implemented_reason(key, value)}.")
     raise ConfigError(f"Unknown config key '{raw}' in {source}. {_nearest(key)}")
-
-
-def _show(value: Any) -> str:
-    text = json.dumps(value, default=str)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _set_nested(base: Any, path: list[str], value: Any, raw: str, source: str) -> dict:
@@ -183,7 +179,10 @@ def merge_layer(
     written: dict[str, str] = {}
     for raw, value in values.items():
         head, *rest = raw.split(".") if isinstance(raw, str) else (raw,)
-        key = canonical_key(head, value, source)
+        written_value = value
+        for part in reversed(rest):  # "amp.enabled=false" writes amp: {enabled: false}
+            written_value = {part: written_value}
+        key = canonical_key(head, written_value, source)
         if key is None:
             continue
         if rest:
@@ -203,7 +202,7 @@ def merge_layer(
                 (resolved.values[key], resolved.sources[key]) if key in resolved.values
                 else (FIELD_DEFAULTS[key], "default")
             )
-            line = f"{key}: {_show(old)} ({old_source}) -> {_show(value)} ({source})"
+            line = f"{key}: {show(old)} ({old_source}) -> {show(value)} ({source})"
             resolved.log.append(line)
             log.info("config override %s", line)
         resolved.values[key] = value
@@ -215,7 +214,7 @@ def _typed(key: str, value: Any, source: str) -> Any:
         value = coerce(value, FIELD_TYPES[key])
     except TypeMismatch as e:
         raise ConfigError(
-            f"'{key}' in {source} must be {e.expected}, but it is {_show(value)} "
+            f"'{key}' in {source} must be {e.expected}, but it is {show(value)} "
             f"({type(value).__name__})."
         ) from None
     if key == "optimizer":

@@ -2,11 +2,21 @@
 
 Every key of GPT-NeoX's `neox_args.py` and `deepspeed_args.py` is either a field of a section, a
 renamed key (accepted with a warning naming the new one), a value GPT-NeoX computes at run time
-(refused: it is derived here too), or listed in `NOT_YET_IMPLEMENTED` (refused with that reason;
-a null or false value is accepted with a warning because it only switches the feature off).
+(`RUNTIME_KEYS`), or an option not implemented here (`NOT_YET_IMPLEMENTED`). A key of the last
+two kinds is accepted only at GPT-NeoX's default value (`NEOX_DEFAULTS`): that changes nothing,
+so it is dropped silently and never stored. Any other value is refused with the reason. A switch
+whose default is false is also off when null, and `use_comet` (default null) when false.
+
+`NEOX_DEFAULTS` was generated once from the dataclass defaults in GPT-NeoX's
+megatron/neox_arguments/neox_args.py and deepspeed_args.py at commit
+ea7aefd8f8e183256992d9fede4d7c71a46d67a5. `git_hash` has no literal default there (GPT-NeoX
+computes it from its checkout), so it is refused at any value.
 """
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 # Old GPT-NeoX names -> the key that replaces them here.
 RENAMED: dict[str, str] = {
@@ -30,19 +40,15 @@ RUNTIME_KEYS: dict[str, str] = {
     "zero_allgather_bucket_size": "read from zero_optimization.allgather_bucket_size",
     "padded_vocab_size": "computed from the tokenizer (see padded_vocab_size)",
     "dynamic_loss_scale": "set by fp16.loss_scale (0 means dynamic)",
-    "save_iters": "derived from checkpoint_factor (see args.derived.save_iters)",
     "local_rank": "set by the launcher in each worker's environment",
     "rank": "set by the launcher in each worker's environment",
     "user_script": "the script given to deepy.py",
-    "config_files": "the config files are saved beside every checkpoint",
+    "config_files": "written beside every checkpoint (the merged config)",
     "git_hash": "recorded in checkpoint metadata",
-    "deepspeed": "DeepSpeed is always used",
+    "deepspeed": "always true here (DeepSpeed is always used)",
     "do_train": "set during training",
     "do_valid": "set during training",
     "do_test": "set during training",
-    "tokenizer": "built from tokenizer_type",
-    "tensorboard_writer": "built from tensorboard_dir",
-    "adlr_autoresume_object": "set during training",
     "comet_experiment": "set during training",
     "curriculum_seqlen": "set during training",
 }
@@ -57,12 +63,9 @@ DEEPSPEED_PASSTHROUGH = frozenset({
 })
 
 NOT_YET_IMPLEMENTED: frozenset[str] = frozenset({
-    # parallelism / MoE
-    "expert_interval", "moe_top_k", "use_tutel", "moe_num_experts", "moe_loss_coeff",
-    "moe_train_capacity_factor", "moe_eval_capacity_factor", "moe_min_capacity",
-    "moe_token_dropping", "create_moe_param_group", "moe_use_residual",
-    "moe_expert_parallel_size", "moe_type", "moe_glu", "moe_lbl_in_fp32", "moe_jitter_eps",
-    "enable_expert_tensor_parallelism",
+    # MoE
+    "moe_num_experts", "moe_top_k", "moe_router_type", "moe_expert_interval", "moe_jitter_eps",
+    "moe_lbl_in_fp32",
     # model
     "expansion_factor", "rmsnorm_fusion", "use_qk_layernorm", "rpe_num_buckets",
     "rpe_max_distance", "opt_pos_emb_offset", "sparsity_config", "num_unique_layers",
@@ -73,7 +76,7 @@ NOT_YET_IMPLEMENTED: frozenset[str] = frozenset({
     "mamba_use_bias_in_conv", "mamba_use_bias_in_linears", "dim_att", "head_size", "ffn_dim",
     "te_columnparallel", "te_rowparallel", "te_layernorm_mlp", "te_mha", "te_fp8_format",
     "te_fp8_wgrad", "te_fp8_amax_history_len", "te_fp8_amax_compute_algo", "te_fp8_margin",
-    "te_fp8_mha",
+    "te_fp8_mha", "fused_kernels_build_path",
     # optimizer / schedule
     "use_bnb_optimizer", "scheduler",
     # mup
@@ -84,7 +87,7 @@ NOT_YET_IMPLEMENTED: frozenset[str] = frozenset({
     "train_epochs", "char_level_ppl", "profile_backward", "deepspeed_activation_checkpointing",
     "hysteresis", "loss_scale", "loss_scale_window", "min_scale", "short_seq_prob",
     "lazy_mpu_init", "adlr_autoresume", "adlr_autoresume_interval", "onnx_safe", "deepscale",
-    "deepscale_config", "load_universal",
+    "deepscale_config",
     # data: other dataset kinds and training objectives
     "use_shared_fs", "pack_impl", "dataset_impl", "train_impl", "allow_chopped",
     "train_label_data_paths", "test_label_data_paths", "valid_label_data_paths",
@@ -94,7 +97,11 @@ NOT_YET_IMPLEMENTED: frozenset[str] = frozenset({
     "pos_train_label_data_paths", "neg_train_label_data_paths", "pos_valid_label_data_paths",
     "neg_valid_label_data_paths", "pos_test_label_data_paths", "neg_test_label_data_paths",
     "dpo_fp32", "dpo_reference_free", "dpo_beta", "kto_fp32", "kto_desirable_weight",
-    "kto_undesirable_weight", "kto_beta", "z_loss",
+    "kto_undesirable_weight", "kto_beta", "z_loss", "fp32_reinforce", "kl_div_beta", "kl_impl",
+    "reinforce_leave_one_out",
+    # online data serving and weight serving
+    "online_dataserver_ips", "online_dataserver_ports", "serve_model_weights",
+    "weight_server_port",
     # checkpoints
     "s3_path", "s3_chunk_size", "checkpoint_validation_with_forward_pass",
     # logging and profiling
@@ -103,16 +110,251 @@ NOT_YET_IMPLEMENTED: frozenset[str] = frozenset({
     "log_param_norm", "log_optimizer_states", "log_gradient_noise_scale",
     "gradient_noise_scale_n_batches", "gradient_noise_scale_cpu_offload", "memory_profiling",
     "memory_profiling_path", "profile", "profile_step_start", "profile_step_stop",
+    "peak_theoretical_tflops",
     # text generation
     "precompute_model_name", "return_logits",
     # launcher (DeepSpeed runner)
-    "force_multi", "detect_nvlink_pairs", "autotuning_run", "no_ssh_check",
+    "force_multi", "autotuning_run", "no_ssh_check",
 }) | DEEPSPEED_PASSTHROUGH
 
+# GPT-NeoX's default of every key in RUNTIME_KEYS (but git_hash) and NOT_YET_IMPLEMENTED.
+NEOX_DEFAULTS: dict[str, Any] = {
+    "activation_checkpointing": None,
+    "adlr_autoresume": False,
+    "adlr_autoresume_interval": 1000,
+    "allow_chopped": True,
+    "amp": None,
+    "apply_query_key_layer_scaling": False,
+    "autotuning": None,
+    "autotuning_run": None,
+    "base_shapes_file": None,
+    "char_level_ppl": False,
+    "checkpoint": None,
+    "checkpoint_validation_with_forward_pass": False,
+    "comet_experiment": None,
+    "comet_experiment_name": None,
+    "comet_others": None,
+    "comet_project": None,
+    "comet_tags": None,
+    "comet_workspace": None,
+    "comms_logger": None,
+    "communication_data_type": None,
+    "compression_training": None,
+    "config_files": None,
+    "coord_check": False,
+    "csv_monitor": None,
+    "curriculum_learning": None,
+    "curriculum_seqlen": 0,
+    "data_efficiency": None,
+    "data_types": None,
+    "dataset_impl": "gpt2",
+    "deepscale": False,
+    "deepscale_config": None,
+    "deepspeed": True,
+    "deepspeed_activation_checkpointing": True,
+    "dim_att": None,
+    "do_test": None,
+    "do_train": None,
+    "do_valid": None,
+    "dpo_beta": 0.1,
+    "dpo_fp32": True,
+    "dpo_reference_free": False,
+    "dump_state": False,
+    "dynamic_loss_scale": None,
+    "elasticity": None,
+    "expansion_factor": None,
+    "ffn_dim": None,
+    "flops_profiler": None,
+    "force_multi": False,
+    "fp16_lm_cross_entropy": False,
+    "fp32_reinforce": True,
+    "fused_kernels_build_path": None,
+    "global_num_gpus": None,
+    "gmlp_attn_dim": 64,
+    "gradient_noise_scale_cpu_offload": False,
+    "gradient_noise_scale_n_batches": 5,
+    "gradient_predivide_factor": 1.0,
+    "head_size": None,
+    "hysteresis": 2,
+    "is_pipe_parallel": False,
+    "kl_div_beta": 0.1,
+    "kl_impl": "mse",
+    "kto_beta": 0.1,
+    "kto_desirable_weight": 1.0,
+    "kto_fp32": True,
+    "kto_undesirable_weight": 1.0,
+    "lazy_mpu_init": False,
+    "local_rank": None,
+    "log_grad_pct_zeros": False,
+    "log_gradient_noise_scale": False,
+    "log_optimizer_states": False,
+    "log_param_norm": False,
+    "loss_scale": None,
+    "loss_scale_window": 1000.0,
+    "lr": None,
+    "mamba_causal_conv_fusion": False,
+    "mamba_inner_func_fusion": False,
+    "mamba_selective_fp32_params": True,
+    "mamba_selective_scan_fusion": False,
+    "mamba_use_bias_in_conv": True,
+    "mamba_use_bias_in_linears": False,
+    "memory_profiling": False,
+    "memory_profiling_path": None,
+    "min_scale": 1.0,
+    "moe_expert_interval": 1,
+    "moe_jitter_eps": None,
+    "moe_lbl_in_fp32": False,
+    "moe_num_experts": 1,
+    "moe_router_type": "sinkhorn",
+    "moe_top_k": 1,
+    "mup_attn_temp": 1.0,
+    "mup_embedding_mult": 1.0,
+    "mup_init_scale": 1.0,
+    "mup_output_temp": 1.0,
+    "mup_rp_embedding_mult": 1.0,
+    "mup_width_scale": 2,
+    "neg_test_data_paths": None,
+    "neg_test_label_data_paths": None,
+    "neg_train_data_paths": None,
+    "neg_train_label_data_paths": None,
+    "neg_valid_data_paths": None,
+    "neg_valid_label_data_paths": None,
+    "no_ssh_check": False,
+    "num_unique_layers": None,
+    "online_dataserver_ips": "localhost",
+    "online_dataserver_ports": 10000,
+    "onnx_safe": False,
+    "opt_pos_emb_offset": 0,
+    "optimizer_type": "adam",
+    "pack_impl": "packed",
+    "padded_vocab_size": None,
+    "param_sharing_style": "grouped",
+    "peak_theoretical_tflops": None,
+    "pos_test_data_paths": None,
+    "pos_test_label_data_paths": None,
+    "pos_train_data_paths": None,
+    "pos_train_label_data_paths": None,
+    "pos_valid_data_paths": None,
+    "pos_valid_label_data_paths": None,
+    "precompute_model_name": None,
+    "prescale_gradients": False,
+    "profile": False,
+    "profile_backward": False,
+    "profile_step_start": 10,
+    "profile_step_stop": 12,
+    "rank": None,
+    "reinforce_leave_one_out": False,
+    "return_logits": False,
+    "rmsnorm_fusion": False,
+    "rotary_save_freqs_buffer": False,
+    "rpe_max_distance": 128,
+    "rpe_num_buckets": 32,
+    "s3_chunk_size": 104857600,
+    "s3_path": None,
+    "save_base_shapes": False,
+    "scheduler": None,
+    "serve_model_weights": False,
+    "short_seq_prob": 0.1,
+    "soft_prompt_tuning": None,
+    "sparse_attention": None,
+    "sparse_gradients": False,
+    "sparsity_config": None,
+    "te_columnparallel": False,
+    "te_fp8_amax_compute_algo": "most_recent",
+    "te_fp8_amax_history_len": 1,
+    "te_fp8_format": "hybrid",
+    "te_fp8_margin": 0,
+    "te_fp8_mha": False,
+    "te_fp8_wgrad": True,
+    "te_layernorm_mlp": False,
+    "te_mha": False,
+    "te_rowparallel": False,
+    "tensorboard": None,
+    "test_label_data_paths": None,
+    "test_reward_data_paths": None,
+    "train_epochs": None,
+    "train_impl": "normal",
+    "train_label_data_paths": None,
+    "train_reward_data_paths": None,
+    "use_bnb_optimizer": False,
+    "use_comet": None,
+    "use_cpu_initialization": False,
+    "use_flashattn_swiglu": False,
+    "use_mup": False,
+    "use_qk_layernorm": False,
+    "use_shared_fs": True,
+    "user_script": None,
+    "valid_label_data_paths": None,
+    "valid_reward_data_paths": None,
+    "wandb": None,
+    "wandb_init_all_ranks": False,
+    "weight_server_port": 6000,
+    "world_size": None,
+    "z_loss": 0.0,
+    "zero_allgather_bucket_size": None,
+    "zero_contiguous_gradients": None,
+    "zero_reduce_bucket_size": None,
+    "zero_reduce_scatter": None,
+    "zero_stage": None,
+}
 
-def not_implemented_reason(key: str) -> str:
-    """Why a GPT-NeoX key in NOT_YET_IMPLEMENTED is refused, and what to do instead."""
-    text = f"'{key}' is a GPT-NeoX option this project does not implement yet"
+# Switches GPT-NeoX leaves null by default; false switches them off as well.
+NULL_SWITCHES = frozenset({"use_comet"})
+
+
+def show(value: Any) -> str:
+    """A value as it would be written in a config (JSON/YAML spelling), shortened."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def same_value(value: Any, default: Any) -> bool:
+    """Whether `value` equals `default`: 0 == 0.0, lists == tuples, numeric strings are numbers,
+    but true is not 1."""
+    if isinstance(value, bool) or isinstance(default, bool) or value is None or default is None:
+        return value is default
+    if isinstance(default, (int, float)) and isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return False
+    if isinstance(value, (int, float)) and isinstance(default, (int, float)):
+        return float(value) == float(default)
+    if isinstance(value, (list, tuple)) and isinstance(default, (list, tuple)):
+        return len(value) == len(default) and all(map(same_value, value, default))
+    if isinstance(value, dict) and isinstance(default, dict):
+        return value.keys() == default.keys() and all(
+            same_value(value[k], default[k]) for k in value
+        )
+    return type(value) is type(default) and value == default
+
+
+def is_neox_default(key: str, value: Any) -> bool:
+    """Whether a RUNTIME_KEYS or NOT_YET_IMPLEMENTED key set to `value` changes nothing."""
+    if key not in NEOX_DEFAULTS:
+        return False
+    default = NEOX_DEFAULTS[key]
+    if key in NOT_YET_IMPLEMENTED and (default is False or key in NULL_SWITCHES):
+        return value is None or value is False  # a switch left off
+    return same_value(value, default)
+
+
+def default_clause(key: str, value: Any) -> str:
+    """What the key is set to and the only value accepted (GPT-NeoX's default)."""
+    if key not in NEOX_DEFAULTS:
+        return f"it is set to {show(value)}, and no value is accepted"
+    return (
+        f"it is set to {show(value)}, and only GPT-NeoX's default ({show(NEOX_DEFAULTS[key])}, "
+        "which changes nothing) is accepted"
+    )
+
+
+def not_implemented_reason(key: str, value: Any) -> str:
+    """Why a GPT-NeoX key in NOT_YET_IMPLEMENTED set to `value` is refused, and what to do."""
+    text = (
+        f"'{key}' is a GPT-NeoX option this project does not implement yet; "
+        f"{default_clause(key, value)}"
+    )
     if key in DEEPSPEED_PASSTHROUGH:
         text += "; to pass it to DeepSpeed unchanged, put it inside deepspeed_extra_args"
     return text + "; remove it from the config"

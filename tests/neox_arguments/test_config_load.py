@@ -102,11 +102,10 @@ def test_not_yet_implemented_neox_key(write):
         NeoXArgs.from_dict({**BASE, "flops_profiler": {"enabled": True}})
 
 
-def test_switched_off_neox_option_is_ignored_with_a_warning(config_log):
+def test_switched_off_neox_option_is_accepted_silently(config_log):
     args = NeoXArgs.from_dict({**BASE, "use_bnb_optimizer": False, "sparsity_config": None})
-    assert args.num_layers == 2
-    assert any("WARNING" in l and "'use_bnb_optimizer' is set to False and ignored" in l
-               for l in config_log)
+    assert args == NeoXArgs.from_dict(BASE)
+    assert not any("use_bnb_optimizer" in l or "sparsity_config" in l for l in config_log)
 
 
 def test_runtime_neox_key_is_refused():

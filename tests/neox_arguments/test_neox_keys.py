@@ -1,0 +1,88 @@
+"""GPT-NeoX keys that are not fields here: accepted at GPT-NeoX's default, refused otherwise."""
+
+from __future__ import annotations
+
+import pytest
+
+from neox_args_helpers import REPO
+
+from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments.neox_keys import (
+    NEOX_DEFAULTS, NOT_YET_IMPLEMENTED, RUNTIME_KEYS, same_value,
+)
+
+TINY = REPO / "configs/tiny.yml"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """configs/tiny.yml with no overrides."""
+    return NeoXArgs.from_ymls([TINY])
+
+
+def test_every_listed_key_has_a_recorded_default():
+    assert set(NEOX_DEFAULTS) == (NOT_YET_IMPLEMENTED | set(RUNTIME_KEYS)) - {"git_hash"}
+
+
+@pytest.mark.parametrize("key", sorted(NEOX_DEFAULTS))
+def test_key_at_neox_default_is_accepted_and_changes_nothing(key, tiny, config_log):
+    args = NeoXArgs.from_ymls([TINY], {key: NEOX_DEFAULTS[key]})
+    assert args == tiny and args.to_dict() == tiny.to_dict()
+    assert args.overrides_log == tiny.overrides_log and not config_log
+
+
+@pytest.mark.parametrize("key, value, default", [
+    ("moe_num_experts", 8, "1"),
+    ("train_impl", "dpo", '"normal"'),
+    ("z_loss", 0.1, "0.0"),
+    ("use_shared_fs", False, "true"),
+    ("pack_impl", "unpacked", '"packed"'),
+])
+def test_not_implemented_key_off_its_default_is_refused(key, value, default):
+    with pytest.raises(ConfigError) as e:
+        NeoXArgs.from_ymls([TINY], {key: value})
+    msg = str(e.value)
+    assert f"'{key}' is a GPT-NeoX option this project does not implement yet" in msg
+    shown = f'"{value}"' if isinstance(value, str) else str(value).lower()
+    assert f"it is set to {shown}" in msg
+    assert f"only GPT-NeoX's default ({default}, which changes nothing) is accepted" in msg
+    assert msg.startswith("command line: ")
+
+
+def test_runtime_key_off_its_default_is_refused():
+    with pytest.raises(ConfigError) as e:
+        NeoXArgs.from_ymls([TINY], {"curriculum_seqlen": 64})
+    msg = str(e.value)
+    assert "'curriculum_seqlen' in command line is not a config option here" in msg
+    assert "it is set to 64, and only GPT-NeoX's default (0, which changes nothing)" in msg
+    with pytest.raises(ConfigError, match="'deepspeed' .* set to false.* default \\(true"):
+        NeoXArgs.from_ymls([TINY], {"deepspeed": False})
+    with pytest.raises(ConfigError, match="'git_hash' .* no value is accepted"):
+        NeoXArgs.from_ymls([TINY], {"git_hash": "abc123"})
+
+
+def test_deepspeed_entry_off_its_default_points_to_deepspeed_extra_args():
+    with pytest.raises(ConfigError, match="default \\(null.*inside deepspeed_extra_args"):
+        NeoXArgs.from_ymls([TINY], {"flops_profiler": {"enabled": True}})
+    with pytest.raises(ConfigError, match="'amp' .* set to {\"enabled\": false}"):
+        NeoXArgs.from_ymls([TINY], ["amp.enabled=false"])
+
+
+def test_switches_accept_either_spelling_of_off(tiny):
+    assert NeoXArgs.from_ymls([TINY], {"use_mup": None, "use_comet": False}) == tiny
+    with pytest.raises(ConfigError, match="'allow_chopped' .* set to null"):
+        NeoXArgs.from_ymls([TINY], {"allow_chopped": None})
+
+
+def test_defaults_compare_by_value(tiny):
+    assert same_value(0, 0.0) and same_value("1e-1", 0.1) and same_value([1, 2], (1, 2))
+    assert not same_value(True, 1) and not same_value(0, None) and not same_value("0", "0.0")
+    overrides = ["z_loss=0", "mup_width_scale=2.0", "kl_div_beta=1e-1"]
+    assert NeoXArgs.from_ymls([TINY], overrides) == tiny
+
+
+def test_recorded_defaults_match_neox():
+    """A spot check of well-known GPT-NeoX defaults (neox_args.py)."""
+    expected = {"moe_num_experts": 1, "train_impl": "normal", "pack_impl": "packed",
+                "z_loss": 0.0, "moe_top_k": 1}
+    assert {k: NEOX_DEFAULTS[k] for k in expected} == expected
