@@ -1,10 +1,13 @@
 """Turn a resolved config into the DeepSpeed launcher command that starts every worker.
 
 One machine without a hostfile: DeepSpeed's per-node launcher (`deepspeed.launcher.launch`) starts
-`num_gpus` workers here, no ssh. With a hostfile: DeepSpeed's runner, with the config's launcher
-(pdsh, openmpi, slurm, ...) and include/exclude/num_nodes/num_gpus; with `no_ssh` and `node_rank`
-it starts only this node's workers (run it once per node). Workers get the resolved config on
-their command line (`--neox_args`), never YAML re-read from disk.
+`num_gpus` workers here, no ssh, on a free port unless `master_port` is set (a busy one set there
+is refused before anything starts). With a hostfile: DeepSpeed's runner, with the config's launcher
+(pdsh, openmpi, slurm, ...) and include/exclude/num_nodes/num_gpus, on `master_port` or 29500;
+with `no_ssh` and `node_rank` it starts only this node's workers (run it once per node). mpirun
+and srun tell workers their rank in their own variables (see `megatron.mpu.launch_env`) but not
+the master, so MASTER_ADDR / MASTER_PORT are exported to every worker. Workers get the resolved
+config on their command line (`--neox_args`), never YAML re-read from disk.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import stat
 import sys
 import tempfile
@@ -19,10 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from megatron.monitoring.logger import get_logger
+from megatron.neox_arguments.sections.launcher import MPI_LAUNCHERS, MULTI_NODE_MASTER_PORT
 
 log = get_logger(__name__)
 
 CONFIG_FLAG = "--neox_args"
+# DeepSpeed's runners for these launchers pass workers no master address (srun's workers take
+# the first host of their node list instead).
+NO_MASTER_ADDR_LAUNCHERS = ("openmpi", "mvapich")
 
 
 @dataclass
@@ -32,6 +40,7 @@ class LaunchPlan:
     argv: list[str]
     env: dict[str, str]
     world_size: int
+    master_port: int
     hosts: dict[str, list[int]] = field(default_factory=dict)
 
 
@@ -89,12 +98,43 @@ def exported_env(names, environ=None) -> dict[str, str]:
     return {name: environ[name] for name in names or () if name in environ}
 
 
+def free_port() -> int:
+    """A TCP port that nothing on this machine uses now."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int) -> bool:
+    """Whether the rank-0 rendezvous could not listen on `port` here (any address holds it)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store does
+        try:
+            s.bind(("", port))
+        except OSError:
+            return True
+    return False
+
+
+def local_master_port(configured: int | None) -> int:
+    """The rendezvous port of a run on this machine: a free one unless `master_port` is set."""
+    if configured is None:
+        return free_port()
+    if port_in_use(configured):
+        raise ValueError(f"master_port {configured} is in use on this machine; set "
+                         f"master_port={free_port()} or leave it unset to pick one")
+    return configured
+
+
 def plan_launch(args, script: str, python: str = sys.executable) -> LaunchPlan:
     """Build the launch command for `script` with the resolved config `args`."""
     la = args.launcher
     if la.hostfile:
-        hosts = active_hosts(read_hostfile(la.hostfile), la.include, la.exclude, la.num_nodes,
-                             la.num_gpus)
+        pool = read_hostfile(la.hostfile)
+        hosts = active_hosts(pool, la.include, la.exclude, la.num_nodes, la.num_gpus)
+        mpirun = _starts_with_mpirun(la, hosts)
+        if mpirun:
+            _check_mpirun_can_start(la, pool, hosts)
     else:
         if la.include or la.exclude:
             raise ValueError("include/exclude select hosts from a hostfile, but 'hostfile' is not set")
@@ -111,36 +151,57 @@ def plan_launch(args, script: str, python: str = sys.executable) -> LaunchPlan:
         env["OMP_NUM_THREADS"] = str(la.omp_num_threads)
     worker = [script, CONFIG_FLAG, args.encode()]
     if not la.hostfile:
-        argv = _local_launch(hosts, la, python) + worker
+        port = local_master_port(la.master_port)
+        argv = _local_launch(hosts, la, python, port) + worker
     else:
-        argv = _runner_launch(la, python) + worker
-    return LaunchPlan(argv=argv, env=env, world_size=world, hosts=hosts)
+        port = la.master_port or MULTI_NODE_MASTER_PORT
+        env["MASTER_PORT"] = str(port)
+        if la.master_addr:
+            env["MASTER_ADDR"] = la.master_addr
+        argv = _runner_launch(la, python, port, select_hosts=not mpirun) + worker
+    return LaunchPlan(argv=argv, env=env, world_size=world, master_port=port, hosts=hosts)
+
+
+def _starts_with_mpirun(la, hosts: dict[str, list[int]]) -> bool:
+    """Whether DeepSpeed's runner starts the workers with the MPI launcher: for several hosts,
+    or for one with deepspeed_mpi (--force_multi); never with no_ssh."""
+    multi_node = la.deepspeed_mpi or la.deepspeed_slurm or len(hosts) > 1
+    return la.launcher in MPI_LAUNCHERS and multi_node and not la.no_ssh
+
+
+def _check_mpirun_can_start(la, pool: dict[str, int], hosts: dict[str, list[int]]) -> None:
+    """Refuse what DeepSpeed's MPI runners would refuse or run wrongly, before anything starts."""
+    if {h: len(s) for h, s in hosts.items()} != pool:
+        raise ValueError(f"launcher '{la.launcher}' starts one process per slot of every host in "
+                         f"the hostfile and cannot select hosts or slots: remove include/exclude/"
+                         f"num_nodes/num_gpus, or write a hostfile with only the slots to use")
+    if la.launcher in NO_MASTER_ADDR_LAUNCHERS and not la.master_addr:
+        raise ValueError(f"launcher '{la.launcher}' does not tell workers where rank 0 runs: set "
+                         "master_addr (the address of the hostfile's first host, reachable from "
+                         "every node)")
 
 
 def _encode_world(hosts: dict[str, list[int]]) -> str:
     return base64.urlsafe_b64encode(json.dumps(hosts).encode()).decode()
 
 
-def _local_launch(hosts, la, python: str) -> list[str]:
+def _local_launch(hosts, la, python: str, port: int) -> list[str]:
     return [python, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={_encode_world(hosts)}",
-            f"--master_addr={la.master_addr or '127.0.0.1'}", f"--master_port={la.master_port}",
+            f"--master_addr={la.master_addr or '127.0.0.1'}", f"--master_port={port}",
             "--no_local_rank"]
 
 
-def _runner_launch(la, python: str) -> list[str]:
+def _runner_launch(la, python: str, port: int, select_hosts: bool) -> list[str]:
     argv = [python, "-u", "-m", "deepspeed.launcher.runner", f"--hostfile={la.hostfile}",
-            f"--master_port={la.master_port}", f"--launcher={la.launcher}", "--no_local_rank"]
+            f"--master_port={port}", f"--launcher={la.launcher}", "--no_local_rank"]
     if la.master_addr:
         argv.append(f"--master_addr={la.master_addr}")
-    if la.include:
-        argv.append(f"--include={la.include}")
-    if la.exclude:
-        argv.append(f"--exclude={la.exclude}")
-    if not (la.include or la.exclude):
-        if la.num_nodes and la.num_nodes > 0:
-            argv.append(f"--num_nodes={la.num_nodes}")
-        if la.num_gpus:
-            argv.append(f"--num_gpus={la.num_gpus}")
+    if la.deepspeed_mpi or la.deepspeed_slurm:
+        argv.append("--force_multi")  # GPT-NeoX's: even one host is started by mpirun / srun
+    if la.no_ssh_check:
+        argv.append("--no_ssh_check")
+    if select_hosts:  # mpirun runs the whole hostfile, and DeepSpeed refuses a selection
+        argv += _host_selection(la)
     if la.no_ssh:
         if la.node_rank is None:
             raise ValueError("no_ssh launches one node at a time and needs node_rank "
@@ -152,6 +213,18 @@ def _runner_launch(la, python: str) -> list[str]:
         extra = " ".join(x for x in (f"--comment={la.comment}" if la.comment else "",
                                      f"--account={la.account}" if la.account else "") if x)
         argv.append(f"--launcher_args={extra}")
+    return argv
+
+
+def _host_selection(la) -> list[str]:
+    if la.include or la.exclude:
+        return ([f"--include={la.include}"] if la.include else []) + (
+            [f"--exclude={la.exclude}"] if la.exclude else [])
+    argv = []
+    if la.num_nodes and la.num_nodes > 0:
+        argv.append(f"--num_nodes={la.num_nodes}")
+    if la.num_gpus:
+        argv.append(f"--num_gpus={la.num_gpus}")
     return argv
 
 

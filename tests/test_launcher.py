@@ -3,12 +3,13 @@
 import base64
 import json
 import os
+import socket
 import sys
 
 import pytest
 
-from megatron.launcher import (CONFIG_FLAG, exported_env, plan_launch, read_hostfile, worker_args,
-                               write_env_file)
+from megatron.launcher import (CONFIG_FLAG, exported_env, plan_launch, port_in_use, read_hostfile,
+                               worker_args, write_env_file)
 from megatron.neox_arguments import NeoXArgs
 
 TINY = "configs/tiny.yml"
@@ -50,13 +51,68 @@ def test_hostfile_launch_passes_launcher_and_filters(tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# cluster\nworker-0 slots=4\nworker-1 slots=4\nworker-2 slots=4\n")
     plan = plan_launch(args(hostfile=hostfile, include="worker-0@worker-1", num_gpus="null",
-                            launcher="openmpi", master_addr="10.0.0.1"), "train.py", python="py")
+                            launcher="slurm", master_addr="10.0.0.1"), "train.py", python="py")
     assert plan.argv[:4] == ["py", "-u", "-m", "deepspeed.launcher.runner"]
     assert flag(plan.argv, "hostfile") == str(hostfile)
-    assert flag(plan.argv, "launcher") == "openmpi"
+    assert flag(plan.argv, "launcher") == "slurm"
     assert flag(plan.argv, "include") == "worker-0@worker-1"
     assert flag(plan.argv, "master_addr") == "10.0.0.1"
     assert plan.world_size == 8 and list(plan.hosts) == ["worker-0", "worker-1"]
+    # srun's and mpirun's workers learn the master from these, exported through the env file
+    assert plan.env["MASTER_ADDR"] == "10.0.0.1" and plan.env["MASTER_PORT"] == "29500"
+    assert "--force_multi" not in plan.argv and "--no_ssh_check" not in plan.argv
+
+
+def test_mpi_launch_runs_the_whole_hostfile_on_every_host(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n0 slots=2\nn1 slots=2\n")
+    plan = plan_launch(args(hostfile=hostfile, launcher="openmpi", deepspeed_mpi=True, num_gpus=2,
+                            no_ssh_check=True, master_addr="10.0.0.1"), "train.py")
+    # GPT-NeoX's deepspeed_mpi: mpirun starts even a single host; DeepSpeed's openmpi runner
+    # refuses any host or slot selection, so none is passed when the hostfile is used whole
+    assert "--force_multi" in plan.argv and "--no_ssh_check" in plan.argv
+    assert not [a for a in plan.argv if a.startswith(("--num_gpus", "--num_nodes", "--include"))]
+    assert plan.world_size == 4
+    with pytest.raises(ValueError, match="launcher 'openmpi' starts one process per slot of every "
+                                         "host in the hostfile and cannot select hosts or slots"):
+        plan_launch(args(hostfile=hostfile, launcher="openmpi", num_gpus=1,
+                         master_addr="10.0.0.1"), "train.py")
+    with pytest.raises(ValueError, match="launcher 'openmpi' does not tell workers where rank 0 "
+                                         "runs: set master_addr"):
+        plan_launch(args(hostfile=hostfile, launcher="openmpi", num_gpus="null"), "train.py")
+    # one host without deepspeed_mpi: DeepSpeed's own launcher starts it, and can select slots
+    hostfile.write_text("n0 slots=4\n")
+    plan = plan_launch(args(hostfile=hostfile, launcher="openmpi", num_gpus=2), "train.py")
+    assert flag(plan.argv, "num_gpus") == "2" and plan.world_size == 2
+
+
+def test_unset_master_port_picks_a_free_one_here_and_29500_with_a_hostfile(tmp_path):
+    with socket.socket() as busy:  # whoever holds GPT-NeoX's default port, a local run avoids it
+        try:
+            busy.bind(("127.0.0.1", 29500))
+        except OSError:
+            pass  # held by someone else already: just as good
+        plan = plan_launch(args(num_gpus=2), "train.py")
+        assert plan.master_port != 29500 and not port_in_use(plan.master_port)
+        assert flag(plan.argv, "master_port") == str(plan.master_port)
+        # with a hostfile every node must agree on the port: GPT-NeoX's, busy here or not
+        hostfile = tmp_path / "hosts"
+        hostfile.write_text("n0 slots=1\nn1 slots=1\n")
+        plan = plan_launch(args(hostfile=hostfile, num_gpus=1), "train.py")
+        assert flag(plan.argv, "master_port") == "29500" and plan.master_port == 29500
+
+
+def test_a_busy_master_port_set_explicitly_is_refused_with_the_key_to_change():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        port = busy.getsockname()[1]
+        with pytest.raises(ValueError) as err:
+            plan_launch(args(num_gpus=2, master_port=port), "train.py")
+    message = str(err.value)
+    assert message.startswith(f"master_port {port} is in use on this machine; set master_port=")
+    assert message.endswith(" or leave it unset to pick one")
+    suggested = int(message.split("master_port=")[1].split()[0])
+    assert suggested != port
 
 
 def test_hostfile_world_size_is_checked_against_parallel_degrees(tmp_path):

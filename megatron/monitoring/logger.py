@@ -30,20 +30,38 @@ def global_rank() -> int:
 def setup_logging(level: int | str = logging.INFO, all_ranks: bool = False) -> None:
     """Send the project's log records to stderr; ranks other than 0 log warnings and up only.
 
-    Safe to call more than once: the handler is installed a single time.
+    Safe to call more than once: the handler is installed a single time, and a later call sets
+    the level again.
     """
     root = logging.getLogger(_ROOT)
     if isinstance(level, str):
         level = logging.getLevelName(level.upper())
-    rank = global_rank()
-    root.setLevel(level if (rank == 0 or all_ranks) else max(logging.WARNING, level))
-    if not any(getattr(h, "_megatron", False) for h in root.handlers):
+    handler = _handler(root)
+    if handler is None:
         handler = logging.StreamHandler(sys.stderr)
-        prefix = f"[rank {rank}] " if "RANK" in os.environ else ""
-        handler.setFormatter(logging.Formatter(prefix + _FORMAT, datefmt="%H:%M:%S"))
         handler._megatron = True  # type: ignore[attr-defined]
         root.addHandler(handler)
+    handler._megatron_settings = (level, all_ranks)  # type: ignore[attr-defined]
     root.propagate = False
+    refresh_rank()
+
+
+def refresh_rank() -> None:
+    """Apply the rank-dependent level and `[rank N]` prefix again, once RANK is known (a worker
+    started by mpirun or srun learns it in `init_distributed`)."""
+    root = logging.getLogger(_ROOT)
+    handler = _handler(root)
+    if handler is None:
+        return
+    level, all_ranks = handler._megatron_settings  # type: ignore[attr-defined]
+    rank = global_rank()
+    root.setLevel(level if (rank == 0 or all_ranks) else max(logging.WARNING, level))
+    prefix = f"[rank {rank}] " if "RANK" in os.environ else ""
+    handler.setFormatter(logging.Formatter(prefix + _FORMAT, datefmt="%H:%M:%S"))
+
+
+def _handler(root: logging.Logger) -> logging.Handler | None:
+    return next((h for h in root.handlers if getattr(h, "_megatron", False)), None)
 
 
 def print_rank_0(message: str) -> None:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from datetime import timedelta
+from typing import Mapping
 
-from megatron.monitoring.logger import get_logger
+from megatron.monitoring.logger import get_logger, refresh_rank
+from megatron.mpu.launch_env import TORCH, LaunchEnv, discovery_mode, read_launch_env
+from megatron.neox_arguments.sections.launcher import MULTI_NODE_MASTER_PORT, LauncherArgs
 
 log = get_logger(__name__)
-
-_LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def resolve_backend(requested: str) -> str:
@@ -25,22 +27,27 @@ def resolve_backend(requested: str) -> str:
     return requested
 
 
-def init_distributed(backend: str, timeout_minutes: float) -> None:
-    """Join the process group described by the launcher's environment, or fail with a clear error.
+def init_distributed(backend: str, timeout_minutes: float,
+                     launcher: LauncherArgs | None = None) -> None:
+    """Join the process group of the launcher that started this worker, or fail with a clear error.
 
-    The environment must carry RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (the
-    DeepSpeed launcher sets them). Calling it again in an initialised process does nothing.
+    Rank, local rank and world size come from whatever the launcher set (DeepSpeed's RANK...,
+    mpirun's OMPI_COMM_WORLD_*, PMI_*, srun's SLURM_*; see `launch_env`); `launcher` (the config's
+    launcher section) selects GPT-NeoX's deepspeed_mpi / deepspeed_slurm discovery and supplies
+    master_addr / master_port where the environment has none. They are then exported as RANK,
+    LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, which torch, DeepSpeed and this project
+    read. Calling it again in an initialised process does nothing.
     """
     import torch.distributed as dist
 
     if dist.is_initialized():
         return
-    missing = [v for v in _LAUNCH_VARS if v not in os.environ]
-    if missing:
-        raise RuntimeError(
-            f"environment variables {', '.join(missing)} are not set: start workers through "
-            "`python deepy.py <script> <configs>` (or set RANK, LOCAL_RANK, WORLD_SIZE, "
-            "MASTER_ADDR and MASTER_PORT by hand for a single process)")
+    place = resolve_launch_env(os.environ, launcher)
+    os.environ.update(place.as_torch_env())
+    refresh_rank()  # ranks other than 0 now log warnings only, with their rank
+    if place.launcher != TORCH.launcher:
+        log.info("world of %d ranks from %s's variables; master %s:%d", place.world_size,
+                 place.launcher, place.master_addr, place.master_port)
     import deepspeed
 
     disable_deepspeed_shm_allreduce()
@@ -56,6 +63,22 @@ def init_distributed(backend: str, timeout_minutes: float) -> None:
         dist.barrier()
     except Exception as err:
         raise RuntimeError(distributed_timeout_message(timeout_minutes, err)) from None
+
+
+def resolve_launch_env(environ: Mapping[str, str],
+                       launcher: LauncherArgs | None = None) -> LaunchEnv:
+    """The launcher's variables, with master address and port from the config where unset."""
+    mode = "auto" if launcher is None else discovery_mode(launcher.deepspeed_mpi,
+                                                          launcher.deepspeed_slurm)
+    env = read_launch_env(environ, mode)
+    addr = env.master_addr or (launcher.master_addr if launcher else None)
+    if addr is None:
+        raise RuntimeError(
+            f"MASTER_ADDR is not set and {env.launcher} does not say where rank 0 runs: set "
+            "master_addr in the config (the address of the first host, reachable from every "
+            "node), or export MASTER_ADDR to the workers")
+    port = env.master_port or (launcher.master_port if launcher else None)
+    return replace(env, master_addr=addr, master_port=port or MULTI_NODE_MASTER_PORT)
 
 
 def disable_deepspeed_shm_allreduce() -> None:

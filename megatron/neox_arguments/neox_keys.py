@@ -114,7 +114,7 @@ NOT_YET_IMPLEMENTED: frozenset[str] = frozenset({
     # text generation
     "precompute_model_name", "return_logits",
     # launcher (DeepSpeed runner)
-    "force_multi", "autotuning_run", "no_ssh_check",
+    "force_multi", "autotuning_run",
 }) | DEEPSPEED_PASSTHROUGH
 
 # GPT-NeoX's default of every key in RUNTIME_KEYS (but git_hash) and NOT_YET_IMPLEMENTED.
@@ -219,7 +219,6 @@ NEOX_DEFAULTS: dict[str, Any] = {
     "neg_train_label_data_paths": None,
     "neg_valid_data_paths": None,
     "neg_valid_label_data_paths": None,
-    "no_ssh_check": False,
     "num_unique_layers": None,
     "online_dataserver_ips": "localhost",
     "online_dataserver_ports": 10000,

@@ -15,6 +15,7 @@ from . import derived as d
 from .errors import ConfigError
 from .registries import REGISTRIES, check_choice
 from .sections.deepspeed import BF16_KEYS, FP16_KEYS, NEOX_FP16_EXTRA_KEYS
+from .sections.launcher import MPI_LAUNCHERS
 
 log = get_logger(__name__)
 
@@ -351,14 +352,39 @@ def _launcher(c: Config, world_size: int | None) -> Iterator[str]:
         yield f"node_rank({rank}) must be in [0, num_nodes({nodes}))."
     if c["no_ssh"] and d.resolve_num_nodes(nodes) > 1 and rank is None:
         yield "no_ssh launches one node at a time, so node_rank must be set when num_nodes > 1."
-    if not 1 <= c["master_port"] <= 65535:
+    if (c["no_ssh"] or rank is not None) and not c["hostfile"]:
+        given = " and ".join(["no_ssh"] * c["no_ssh"] + ["node_rank"] * (rank is not None))
+        yield (f"{given} set without a hostfile: launching one node of a multi-node job needs "
+               "the hostfile listing every node; add hostfile=<path> (one 'hostname slots=N' "
+               f"line per node), or remove {given} to run on this machine only.")
+    if c["master_port"] is not None and not 1 <= c["master_port"] <= 65535:
         yield f"master_port({c['master_port']}) must be in [1, 65535]."
+    yield from _rank_discovery(c)
     if not c["distributed_timeout_minutes"] > 0:
         minutes = c["distributed_timeout_minutes"]
         yield f"distributed_timeout_minutes({minutes}) must be greater than 0."
     bad = [v for v in c["export_env_vars"] if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v)]
     if bad:
         yield f"export_env_vars has invalid variable names: {', '.join(map(repr, bad))}."
+
+
+def _rank_discovery(c: Config) -> Iterator[str]:
+    """deepspeed_mpi / deepspeed_slurm: workers read ranks that only mpirun / srun set."""
+    mpi, slurm, launcher = c["deepspeed_mpi"], c["deepspeed_slurm"], c["launcher"]
+    if mpi and slurm:
+        yield "deepspeed_mpi and deepspeed_slurm are both true; set the one of the launcher used."
+    elif (mpi or slurm) and c["no_ssh"]:
+        key = "deepspeed_mpi" if mpi else "deepspeed_slurm"
+        yield (f"{key} reads ranks that mpirun / srun set, but no_ssh starts each node's workers "
+               f"with DeepSpeed's own launcher; remove {key} or no_ssh.")
+    elif slurm and (launcher != "slurm" or not c["hostfile"]):
+        yield (f"deepspeed_slurm reads ranks from the variables srun sets, but launcher is "
+               f"'{launcher}' and hostfile is {c['hostfile'] or 'not set'}: set launcher: slurm "
+               "and a hostfile of the allocation's nodes, or remove deepspeed_slurm.")
+    elif mpi and (launcher not in MPI_LAUNCHERS or not c["hostfile"]):
+        yield (f"deepspeed_mpi reads ranks from the variables mpirun sets, but launcher is "
+               f"'{launcher}' and hostfile is {c['hostfile'] or 'not set'}: set launcher to one "
+               f"of {', '.join(MPI_LAUNCHERS)} and a hostfile, or remove deepspeed_mpi.")
 
 
 def _deepspeed_extra(c: Config, world_size: int | None) -> Iterator[str]:

@@ -134,7 +134,7 @@ def inference_runtime(args):
     from megatron.tokenizer import build_tokenizer
 
     init_distributed(args.parallelism.distributed_backend,
-                     args.launcher.distributed_timeout_minutes)
+                     args.launcher.distributed_timeout_minutes, args.launcher)
     try:
         world, tp = dist.get_world_size(), args.parallelism.model_parallel_size
         if args.parallelism.pipe_parallel_size > 1:

@@ -55,7 +55,8 @@ def set_seeds(seed: int) -> None:
 
 def pretrain(args) -> RunState:
     """Train `args` to train_iters on this worker; returns the final state. Collective: every rank."""
-    init_distributed(args.parallelism.distributed_backend, args.launcher.distributed_timeout_minutes)
+    init_distributed(args.parallelism.distributed_backend,
+                     args.launcher.distributed_timeout_minutes, args.launcher)
     try:
         return _pretrain(args.with_world_size(dist.get_world_size()))
     finally:

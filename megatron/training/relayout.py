@@ -28,7 +28,7 @@ def reshard(args) -> Path:
     if ck.finetune or ck.no_load_optim:
         raise ValueError("resharding keeps the whole state; remove finetune / no_load_optim")
     init_distributed(args.parallelism.distributed_backend,
-                     args.launcher.distributed_timeout_minutes)
+                     args.launcher.distributed_timeout_minutes, args.launcher)
     try:
         return _reshard(args.with_world_size(dist.get_world_size()))
     finally:

@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from ..fields import option
 
 DEFAULT_EXPORT_ENV_VARS = ["WANDB_API_KEY", "WANDB_MODE", "HF_TOKEN", "HF_HOME", "PYTHONPATH"]
+# GPT-NeoX's and DeepSpeed's rendezvous port: every node of a multi-node job must agree on it.
+MULTI_NODE_MASTER_PORT = 29500
+# Launchers that start workers through an MPI library and set its rank variables.
+MPI_LAUNCHERS = ("openmpi", "mpich", "impi", "mvapich")
 
 
 @dataclass(frozen=True)
@@ -30,16 +34,24 @@ class LauncherArgs:
     master_addr: str | None = option(
         None, "Address of the rank-0 node (null: the first host, or localhost)."
     )
-    master_port: int = option(29500, "TCP port of the rank-0 rendezvous.")
+    master_port: int | None = option(
+        None,
+        "TCP port of the rank-0 rendezvous; null: a free port on this machine without a "
+        "hostfile, 29500 (GPT-NeoX's) with one. A busy port set here fails the launch.",
+    )
     launcher: str = option(
         "pdsh",
         "Multi-node launcher: pdsh, openmpi, mvapich, slurm, jsrun, mpich or impi.",
     )
     deepspeed_mpi: bool = option(
-        False, "Discover rank and world size from the MPI environment."
+        False,
+        "Workers take rank, local rank and world size from MPI's variables "
+        "(OMPI_COMM_WORLD_RANK, PMI_RANK, ...) before RANK; needs a hostfile and an MPI launcher.",
     )
     deepspeed_slurm: bool = option(
-        False, "Discover rank and world size from the SLURM environment."
+        False,
+        "Workers take rank, local rank and world size from srun's variables (SLURM_PROCID, "
+        "SLURM_NTASKS, SLURM_LOCALID) before RANK; needs a hostfile and launcher slurm.",
     )
     comment: str | None = option(None, "Comment passed to the launcher (e.g. SLURM --comment).")
     account: str | None = option(None, "Account passed to the scheduler (e.g. SLURM --account).")
@@ -49,6 +61,9 @@ class LauncherArgs:
     )
     node_rank: int | None = option(
         None, "This node's rank (0 .. num_nodes-1) when launching per node with no_ssh."
+    )
+    no_ssh_check: bool = option(
+        False, "Skip DeepSpeed's check that the hostfile's first host answers ssh (srun, mpirun)."
     )
     export_env_vars: list[str] = option(
         DEFAULT_EXPORT_ENV_VARS,
