@@ -1,5 +1,6 @@
 """DeepSpeed's optimizer state layouts as objects; the one module that touches DeepSpeed's
-optimizer internals (private attributes and the keys of its optimizer files).
+optimizer internals (private attributes and the keys of its optimizer files, and the gradient
+fragments `held_gradient` reads for log_grad_norm).
 
 A layout knows how one kind of optimizer holds its per-parameter state, in memory and on disk:
 
@@ -48,7 +49,8 @@ def _internal(obj, name: str):
 
         raise RuntimeError(
             f"DeepSpeed {deepspeed.__version__} has no {type(obj).__name__}.{name}: checkpoint "
-            f"saving and resharding read DeepSpeed {SUPPORTED_DEEPSPEED}.x optimizer internals. "
+            f"saving, resharding and log_grad_norm read DeepSpeed {SUPPORTED_DEEPSPEED}.x "
+            "optimizer internals. "
             f"Install deepspeed>={SUPPORTED_DEEPSPEED},<0.20 (requirements/requirements.txt)"
         ) from None
 
@@ -63,6 +65,31 @@ def full_shape(param: torch.Tensor) -> torch.Size:
 def stored_tensor(param: torch.Tensor) -> torch.Tensor:
     """What this rank stores of a parameter: ZeRO 3's partition, else the parameter."""
     return getattr(param, "ds_tensor", param)
+
+
+def held_gradient(param: torch.Tensor) -> tuple[torch.Tensor | None, bool]:
+    """The part of `param`'s gradient this rank holds between the last backward and the
+    optimizer step, and whether the other data-parallel ranks hold the rest (so that the
+    squares of the parts add up over them); (None, False) without a gradient.
+
+    ZeRO 3: this rank's fp32 partition. ZeRO 1/2 and the bf16 optimizer: this rank's fragment
+    of the fp32 gradient partition (possibly empty). Otherwise the whole `param.grad`.
+    """
+    if hasattr(param, "ds_id"):
+        from deepspeed.utils import safe_get_local_grad
+
+        return safe_get_local_grad(param), True
+    if hasattr(param, "_hp_mapping"):
+        mapping = param._hp_mapping
+        if mapping is None:  # none of this parameter lies in this rank's partition
+            return torch.zeros(0, device=param.device), True
+        index = _internal(param, "_index_in_param_group")
+        grad = _internal(mapping, "get_lp_grad_fragment")(index).reshape(-1)
+        if grad.numel() == param.numel():  # the bf16 optimizer accumulates whole gradients
+            address = _internal(mapping, "lp_fragment_address")
+            grad = grad.narrow(0, address.start, address.numel)
+        return grad, True
+    return param.grad, False
 
 
 def model_file_name(ds, root: Path, tag: str) -> str:

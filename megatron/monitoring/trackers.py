@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import json
 import math
+import netrc
 import os
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from megatron.monitoring.logger import get_logger, print_rank_0
 
 log = get_logger(__name__)
+
+DEFAULT_WANDB_HOST = "https://api.wandb.ai"  # GPT-NeoX's default wandb_host
 
 
 def _jsonable(value):
@@ -48,9 +52,10 @@ class MetricsTracker:
         """The trackers the run config's logging section asks for."""
         lg = args.logging
         wandb_cfg = None
-        if wandb_enabled(lg.use_wandb):
+        if wandb_enabled(lg.use_wandb, lg.wandb_host):
             wandb_cfg = {"project": lg.wandb_project, "group": lg.wandb_group,
-                         "team": lg.wandb_team, "run_name": lg.wandb_run_name, "dir": lg.log_dir}
+                         "team": lg.wandb_team, "run_name": lg.wandb_run_name, "dir": lg.log_dir,
+                         "host": lg.wandb_host}
         return cls(lg.log_dir, lg.tensorboard_dir, wandb_cfg, args.to_dict(), enabled=enabled)
 
     def log(self, metrics: dict, step: int, console: str | None = None) -> None:
@@ -90,22 +95,38 @@ def _open_tensorboard(tensorboard_dir: str):
     return SummaryWriter(log_dir=tensorboard_dir)
 
 
-def wandb_enabled(use_wandb: bool | None) -> bool:
+def wandb_enabled(use_wandb: bool | None, wandb_host: str = DEFAULT_WANDB_HOST) -> bool:
     """use_wandb as given; null (GPT-NeoX's default) is on when wandb is installed and has
-    credentials on this worker."""
+    credentials for the wandb server on this worker."""
     if use_wandb is not None:
         return bool(use_wandb)
     import importlib.util
 
-    return importlib.util.find_spec("wandb") is not None and wandb_has_credentials()
+    return (importlib.util.find_spec("wandb") is not None
+            and wandb_has_credentials(wandb_server(wandb_host)))
 
 
-def wandb_has_credentials() -> bool:
-    """An API key in the environment or a ~/.netrc entry for the wandb host."""
+def wandb_server(wandb_host: str) -> str:
+    """The wandb server a run logs to: `wandb_host`, except that at its default a
+    WANDB_BASE_URL set in the environment (which wandb itself reads) is kept."""
+    from_env = os.environ.get("WANDB_BASE_URL")
+    return from_env if from_env and wandb_host == DEFAULT_WANDB_HOST else wandb_host
+
+
+def wandb_has_credentials(host: str = DEFAULT_WANDB_HOST) -> bool:
+    """An API key in the environment, or a .netrc entry for `host` (machine = the URL's
+    host[:port], as `wandb login --host` writes it; the file is $NETRC or ~/.netrc)."""
     if os.environ.get("WANDB_API_KEY"):
         return True
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
-    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")
+    path = Path(os.environ.get("NETRC") or Path.home() / ".netrc").expanduser()
+    if not path.is_file():
+        return False
+    try:
+        entry = netrc.netrc(path).authenticators(urlsplit(host).netloc)
+    except (netrc.NetrcParseError, OSError) as err:
+        log.warning("cannot read %s for wandb credentials: %s", path, err)
+        return False
+    return bool(entry and entry[2])
 
 
 def _open_wandb(cfg: dict, run_config: dict):
@@ -115,11 +136,16 @@ def _open_wandb(cfg: dict, run_config: dict):
         raise RuntimeError("use_wandb is on but wandb is not installed: "
                            "pip install -r requirements/requirements-wandb.txt, or set "
                            "use_wandb: false") from None
+    host = wandb_server(cfg.get("host") or DEFAULT_WANDB_HOST)
+    from_env = os.environ.get("WANDB_BASE_URL")
+    if from_env and from_env != host:
+        log.warning("WANDB_BASE_URL=%s is ignored: wandb_host is set to %s", from_env, host)
     mode = os.environ.get("WANDB_MODE")
-    if mode is None and not wandb_has_credentials():
-        log.warning("use_wandb is on but no wandb credentials reached this worker (WANDB_API_KEY "
-                    "unset, no ~/.netrc entry): logging offline; sync later with `wandb sync`")
+    if mode is None and not wandb_has_credentials(host):
+        log.warning("use_wandb is on but no wandb credentials for %s reached this worker "
+                    "(WANDB_API_KEY unset, no ~/.netrc entry for %s): logging offline; sync later "
+                    "with `wandb sync`", host, urlsplit(host).netloc)
         mode = "offline"
     return wandb.init(project=cfg.get("project"), group=cfg.get("group"), entity=cfg.get("team"),
                       name=cfg.get("run_name"), dir=cfg.get("dir"), config=run_config,
-                      mode=mode, reinit=True)
+                      mode=mode, reinit=True, settings=wandb.Settings(base_url=host))

@@ -110,7 +110,6 @@ NOT_YET_IMPLEMENTED: frozenset[str] = frozenset({
     "log_param_norm", "log_optimizer_states", "log_gradient_noise_scale",
     "gradient_noise_scale_n_batches", "gradient_noise_scale_cpu_offload", "memory_profiling",
     "memory_profiling_path", "profile", "profile_step_start", "profile_step_stop",
-    "peak_theoretical_tflops",
     # text generation
     "precompute_model_name", "return_logits",
     # launcher (DeepSpeed runner)
@@ -228,7 +227,6 @@ NEOX_DEFAULTS: dict[str, Any] = {
     "pack_impl": "packed",
     "padded_vocab_size": None,
     "param_sharing_style": "grouped",
-    "peak_theoretical_tflops": None,
     "pos_test_data_paths": None,
     "pos_test_label_data_paths": None,
     "pos_train_data_paths": None,

@@ -387,6 +387,17 @@ def _rank_discovery(c: Config) -> Iterator[str]:
                f"of {', '.join(MPI_LAUNCHERS)} and a hostfile, or remove deepspeed_mpi.")
 
 
+def _logging(c: Config, world_size: int | None) -> Iterator[str]:
+    peak = c["peak_theoretical_tflops"]
+    if peak is not None and not peak > 0:
+        yield (
+            f"peak_theoretical_tflops({peak}) must be greater than 0 (one GPU's peak TFLOP/s), "
+            "or null to log no MFU."
+        )
+    if not re.match(r"^https?://[^/\s]+", c["wandb_host"]):
+        yield f"wandb_host('{c['wandb_host']}') must be a URL such as https://api.wandb.ai."
+
+
 def _deepspeed_extra(c: Config, world_size: int | None) -> Iterator[str]:
     for key in sorted(set(c["deepspeed_extra_args"] or ()) & set(GENERATED_DS_KEYS)):
         yield (
@@ -416,5 +427,5 @@ def _tensor_parallel_splits(c: Config, world_size: int | None) -> Iterator[str]:
 
 RULES: tuple[Callable[[Config, int | None], Iterator[str]], ...] = (
     _choices, _heads, _tensor_parallel_splits, _shape, _attention, _world, _precision, _optimizer, _intervals, _checkpoint,
-    _data, _launcher, _deepspeed_extra,
+    _data, _launcher, _logging, _deepspeed_extra,
 )

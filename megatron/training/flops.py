@@ -1,4 +1,5 @@
-"""Parameter count and training FLOPs per token as functions of the model config (for MFU)."""
+"""Parameter count, training FLOPs per token and model FLOPs utilisation (MFU) from the model
+config and the measured throughput."""
 
 from __future__ import annotations
 
@@ -49,3 +50,16 @@ def flops_per_token(config: ModelConfig, seq_length: int | None = None) -> float
                + 2 * config.padded_vocab_size * config.hidden_size
                + config.num_layers * 4 * s * attn_width)
     return 3.0 * forward
+
+
+def model_tflops_per_device(flops_per_token: float, tokens_per_sec: float,
+                            world_size: int) -> float:
+    """Model TFLOP/s achieved per device: the training FLOPs of the tokens processed per second
+    (`flops_per_token`, recomputation not counted), shared by all `world_size` devices."""
+    return flops_per_token * tokens_per_sec / world_size / 1e12
+
+
+def mfu_percent(tflops_per_device: float, peak_tflops: float) -> float:
+    """Model FLOPs utilisation in percent (GPT-NeoX's unit): achieved model TFLOP/s per device
+    over the device's peak."""
+    return 100.0 * tflops_per_device / peak_tflops

@@ -26,7 +26,9 @@ from megatron.tokenizer import build_tokenizer
 from megatron.training.batch import BatchOptions
 from megatron.training.data import build_datasets, micro_batch_iterator, sample_counts
 from megatron.training.engine import build_engine
+from megatron.training.flops import flops_per_token
 from megatron.training.step import eval_step, train_step
+from megatron.training.train_log import TrainLog
 
 log = get_logger(__name__)
 
@@ -127,8 +129,10 @@ def _pretrain(args) -> RunState:
                  f"{sum(p.numel() for p in engine.engine.module.parameters()):,} parameters on this "
                  f"rank, tp={topology.tp} pp={topology.pp} dp={topology.dp}, from iteration "
                  f"{state.iteration} to {args.training.train_iters}")
+    train_log = TrainLog(args, engine, tracker,
+                         flops_per_token(model_config, args.model.seq_length))
     try:
-        _train(args, engine, state, train_iter, valid_iter, tracker, datasets)
+        _train(args, engine, state, train_iter, valid_iter, train_log, datasets)
     finally:
         tracker.close()
     return state
@@ -166,24 +170,26 @@ def check_ranks_agree(state: RunState) -> None:
             "from different saves: load an earlier checkpoint")
 
 
-def _train(args, engine, state: RunState, train_iter, valid_iter, tracker: MetricsTracker,
+def _train(args, engine, state: RunState, train_iter, valid_iter, train_log: TrainLog,
            datasets: list) -> None:
     t, ck = args.training, args.checkpoint
     gbs = args.derived.train_batch_size
-    tokens_per_iter = gbs * args.model.seq_length
     saved_at = None
     interval_start = time.perf_counter()
     while state.iteration < t.train_iters:
+        train_log.before_step(state.iteration + 1)
         loss = train_step(engine, train_iter)
         state.iteration += 1
         state.consumed_train_samples += gbs
         state.interval_losses.append(loss)
-        if state.iteration % args.logging.log_interval == 0 or state.iteration == t.train_iters:
+        if train_log.is_logged(state.iteration):
             elapsed = time.perf_counter() - interval_start
-            _log_train(args, engine, state, tracker, elapsed, tokens_per_iter, train_iter.take_wait())
+            train_log.log(engine, state.iteration, state.interval_losses,
+                          state.consumed_train_samples, elapsed, train_iter.take_wait())
+            state.interval_losses.clear()
             interval_start = time.perf_counter()
         if t.eval_interval and state.iteration % t.eval_interval == 0 and valid_iter is not None:
-            _evaluate(args, engine, state, valid_iter, tracker)
+            _evaluate(args, engine, state, valid_iter, train_log.tracker)
             interval_start = time.perf_counter()
         if ck.save and should_save(state.iteration, ck.checkpoint_factor, ck.checkpoint_scale,
                                    ck.extra_save_iters):
@@ -199,27 +205,6 @@ def _train(args, engine, state: RunState, train_iter, valid_iter, tracker: Metri
     if ck.save:
         print_rank_0(f"checkpoint of iteration {state.iteration}: "
                      f"{os.path.abspath(ck.save)}/global_step{state.iteration}")
-
-
-def _log_train(args, engine, state: RunState, tracker, elapsed: float, tokens_per_iter: int,
-               data_wait: float) -> None:
-    n = len(state.interval_losses)
-    loss = sum(state.interval_losses) / n
-    state.interval_losses.clear()
-    lr = engine.lr_scheduler.get_lr()[0]
-    grad_norm = engine.engine.get_global_grad_norm()
-    grad_norm = float(grad_norm) if grad_norm is not None else None
-    iter_time = elapsed / n
-    metrics = {"lm_loss": loss, "learning_rate": lr, "grad_norm": grad_norm,
-               "tokens_per_sec": tokens_per_iter / iter_time, "iteration_time_ms": iter_time * 1e3,
-               "data_wait_ms": data_wait / n * 1e3, "consumed_samples": state.consumed_train_samples}
-    if grad_norm is None:
-        del metrics["grad_norm"]
-    line = (f" iteration {state.iteration:>6}/{args.training.train_iters} | lm_loss {loss:.4f} | "
-            f"lr {lr:.3e} | " + (f"grad_norm {grad_norm:.3f} | " if grad_norm is not None else "")
-            + f"{metrics['tokens_per_sec']:,.0f} tokens/s | {iter_time * 1e3:.1f} ms/iter | "
-            f"data wait {metrics['data_wait_ms']:.1f} ms")
-    tracker.log(metrics, state.iteration, console=line)
 
 
 def _evaluate(args, engine, state: RunState, valid_iter, tracker) -> None:

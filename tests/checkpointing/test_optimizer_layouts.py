@@ -67,6 +67,7 @@ def test_a_missing_deepspeed_internal_names_both_versions():
     import deepspeed
 
     with pytest.raises(RuntimeError, match=rf"DeepSpeed {deepspeed.__version__} has no "
-                       r"Linear.fp16_groups: checkpoint saving and resharding read DeepSpeed "
-                       r"0.19.x optimizer internals. Install deepspeed>=0.19,<0.20"):
+                       r"Linear.fp16_groups: checkpoint saving, resharding and log_grad_norm "
+                       r"read DeepSpeed 0.19.x optimizer internals. Install "
+                       r"deepspeed>=0.19,<0.20"):
         optimizer_layouts.Zero3Layout().groups(torch.nn.Linear(2, 2))

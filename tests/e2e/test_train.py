@@ -2,6 +2,7 @@
 gloo processes, the built-in corpus. Each asserts what a user reads afterwards: the loss trace,
 validation lines, checkpoint files, and the iteration a resumed run starts from."""
 
+import math
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,10 @@ def test_two_processes_train_evaluate_save_and_resume(small_data, tmp_path):
     for r in train:
         assert r["tokens_per_sec"] > 0 and 0 < r["learning_rate"] <= 2e-3 and r["grad_norm"] > 0
         assert r["data_wait_ms"] >= 0 and r["iteration_time_ms"] > r["data_wait_ms"]
+        # neither peak_theoretical_tflops nor log_grad_norm is set
+        assert "mfu" not in r and "model_tflops_per_gpu" not in r
+        assert not [k for k in r if k.startswith("gradient_norms/")]
+    assert "MFU" not in proc.stdout
     ckpt = run / "ckpt"
     assert (ckpt / "latest").read_text().strip() == "global_step30"
     assert sorted(p.name for p in ckpt.iterdir()) == ["global_step10", "global_step20",
@@ -66,6 +71,55 @@ def test_two_processes_train_evaluate_save_and_resume(small_data, tmp_path):
     # the resumed run continues the trained model, not a fresh one
     assert train2[-1]["lm_loss"] < train[0]["lm_loss"] - 0.5
     assert (run / "ckpt" / "latest").read_text().strip() == "global_step40"
+
+
+def test_mfu_and_per_parameter_gradient_norms_when_asked_for(small_data, tmp_path):
+    """peak_theoretical_tflops adds model TFLOP/s per GPU and MFU (percent) to every training
+    record and line; log_grad_norm adds each parameter's gradient norm, whose squares add up to
+    the global grad_norm squared (both unclipped). Both reach TensorBoard."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from megatron.model.config import model_config_from_args
+    from megatron.neox_arguments import padded_vocab_size
+    from megatron.tokenizer import build_tokenizer
+    from megatron.training.flops import flops_per_token
+
+    prefix, tok = small_data
+    run = tmp_path / "run"
+    over = tiny_overrides(prefix, tok, run, train_iters=10, eval_interval=100,
+                          peak_theoretical_tflops=0.5, log_grad_norm=True,
+                          tensorboard_dir=str(run / "tb"), use_wandb=True,
+                          wandb_host="https://wandb.example.test")
+    proc = deepy("train.py", "configs/tiny.yml", *over, env={"WANDB_MODE": "offline"})
+    assert proc.returncode == 0, explain(proc)
+    train, _ = read_metrics(run / "logs")
+    assert [r["iteration"] for r in train] == [5, 10]
+
+    args = NeoXArgs.from_ymls(["configs/tiny.yml"], over)
+    vocab = padded_vocab_size(build_tokenizer("HFTokenizer", tok).vocab_size,
+                              args.model.make_vocab_size_divisible_by, 1)
+    per_token = flops_per_token(model_config_from_args(args, vocab), args.model.seq_length)
+    for r in train:
+        tflops = per_token * r["tokens_per_sec"] / 2 / 1e12  # two processes
+        assert r["model_tflops_per_gpu"] == pytest.approx(tflops, rel=1e-9)
+        assert r["mfu"] == pytest.approx(100 * tflops / 0.5, rel=1e-9)
+        norms = {k: v for k, v in r.items() if k.startswith("gradient_norms/")}
+        assert len(norms) == 4 * 12 + 1 + 2 + 1  # 4 layers, embedding, final norm, head
+        assert "gradient_norms/0.word_embeddings.weight" in norms
+        # grad_norm adds fp32 per-tensor norms (~1e-5 relative); the norms here are summed in
+        # fp64. A parameter counted twice or a shard missed moves the sum by far more.
+        assert math.sqrt(sum(v * v for v in norms.values())) == pytest.approx(r["grad_norm"],
+                                                                              rel=1e-4)
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith(" iteration     10/10"))
+    assert f"MFU {train[1]['mfu']:.2f}%" in line and "model TFLOP/s per GPU" in line
+
+    events = EventAccumulator(str(run / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"mfu", "model_tflops_per_gpu", "gradient_norms/0.word_embeddings.weight"} <= tags
+    # a wandb_host other than the default runs (offline here; tests/monitoring checks that it
+    # reaches wandb's settings)
+    assert list((run / "logs").glob("wandb/offline-run-*/run-*.wandb"))
 
 
 @pytest.mark.parametrize("layout", [

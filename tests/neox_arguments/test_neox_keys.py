@@ -86,3 +86,17 @@ def test_recorded_defaults_match_neox():
     expected = {"moe_num_experts": 1, "train_impl": "normal", "pack_impl": "packed",
                 "z_loss": 0.0, "moe_top_k": 1}
     assert {k: NEOX_DEFAULTS[k] for k in expected} == expected
+
+
+def test_neox_logging_keys_are_fields_with_neox_defaults(tiny):
+    """peak_theoretical_tflops, log_grad_norm and wandb_host work as in GPT-NeoX (see
+    tests/training/test_grad_norms.py, tests/monitoring and tests/e2e/test_train.py)."""
+    lg = tiny.logging
+    assert (lg.peak_theoretical_tflops, lg.log_grad_norm, lg.wandb_host) == (
+        None, False, "https://api.wandb.ai")
+    set_ = NeoXArgs.from_ymls([TINY], ["peak-theoretical-tflops=989", "log_grad_norm=true",
+                                       "wandb_host=https://wandb.example.test"]).logging
+    assert (set_.peak_theoretical_tflops, set_.log_grad_norm, set_.wandb_host) == (
+        989.0, True, "https://wandb.example.test")
+    assert not {"peak_theoretical_tflops", "log_grad_norm", "wandb_host"} & (
+        NOT_YET_IMPLEMENTED | set(NEOX_DEFAULTS))

@@ -24,14 +24,24 @@ class LoggingArgs:
     wandb_project: str = option("neox", "Weights & Biases project name.")
     wandb_group: str | None = option(None, "Weights & Biases group that gathers related runs.")
     wandb_team: str | None = option(None, "Weights & Biases team (entity).")
-    wandb_host: str = option("https://api.wandb.ai", "URL of the Weights & Biases server.")
+    wandb_host: str = option(
+        "https://api.wandb.ai", "URL of the Weights & Biases server; its ~/.netrc entry counts as "
+        "credentials (at this default, a WANDB_BASE_URL set in the environment is used instead)."
+    )
     wandb_run_name: str | None = option(
         None, "Weights & Biases run name (null: W&B picks one)."
     )
     wall_clock_breakdown: bool = option(
         False, "Time forward, backward and optimizer step separately (DeepSpeed)."
     )
-    log_grad_norm: bool = option(False, "Log the global gradient norm every log_interval.")
+    log_grad_norm: bool = option(
+        False, "Also log every parameter's gradient norm every log_interval, under its canonical "
+        "name (gradient_norms/1.mlp.dense_4h_to_h.weight, ...); the global norm is always logged."
+    )
+    peak_theoretical_tflops: float | None = option(
+        None, "Peak TFLOP/s of one GPU (e.g. 989 for an H100 SXM in bf16): log model TFLOP/s per "
+        "GPU and MFU, in percent, against it (null: neither)."
+    )
     log_level: str = option(
         "info", "Log level of the project's logger: debug, info, warning or error."
     )

@@ -1,0 +1,71 @@
+"""The training record of each log interval: its console line and its metrics.
+
+Every `log_interval` iterations (and at the last one) one record goes to the trackers: the mean
+`lm_loss` of the interval, `learning_rate`, the unclipped global `grad_norm` of the last step,
+`tokens_per_sec`, `iteration_time_ms`, `data_wait_ms` and `consumed_samples`. Two config keys
+add to it, as in GPT-NeoX:
+
+- `peak_theoretical_tflops`: `model_tflops_per_gpu`, the model TFLOP/s achieved per device
+  (training FLOPs per token from megatron/training/flops.py x tokens per second / world size),
+  and `mfu`, that figure over the peak in percent;
+- `log_grad_norm`: `gradient_norms/<canonical name>` for every parameter, read at the last step
+  of the interval (megatron/training/grad_norms.py).
+"""
+
+from __future__ import annotations
+
+from megatron.monitoring.trackers import MetricsTracker
+from megatron.training.flops import mfu_percent, model_tflops_per_device
+from megatron.training.grad_norms import GradNormProbe
+
+
+class TrainLog:
+    """Decides which iterations are logged and writes their record."""
+
+    def __init__(self, args, engine, tracker: MetricsTracker, flops_per_token: float):
+        self.tracker = tracker
+        self._log_interval = args.logging.log_interval
+        self._train_iters = args.training.train_iters
+        self._tokens_per_iter = args.derived.train_batch_size * args.model.seq_length
+        self._world_size = args.derived.world_size
+        self._peak = args.logging.peak_theoretical_tflops
+        self._flops_per_token = flops_per_token
+        self._probe = GradNormProbe(engine) if args.logging.log_grad_norm else None
+
+    def is_logged(self, iteration: int) -> bool:
+        return iteration % self._log_interval == 0 or iteration == self._train_iters
+
+    def before_step(self, iteration: int) -> None:
+        """Call before the step that completes `iteration`: a logged one reads gradient norms."""
+        if self._probe is not None and self.is_logged(iteration):
+            self._probe.arm()
+
+    def log(self, engine, iteration: int, losses: list[float], consumed_samples: int,
+            elapsed: float, data_wait: float) -> None:
+        """Record the interval of `len(losses)` iterations that ends at `iteration`."""
+        n = len(losses)
+        loss = sum(losses) / n
+        lr = engine.lr_scheduler.get_lr()[0]
+        grad_norm = engine.engine.get_global_grad_norm()
+        grad_norm = float(grad_norm) if grad_norm is not None else None
+        iter_time = elapsed / n
+        metrics = {"lm_loss": loss, "learning_rate": lr, "grad_norm": grad_norm,
+                   "tokens_per_sec": self._tokens_per_iter / iter_time,
+                   "iteration_time_ms": iter_time * 1e3, "data_wait_ms": data_wait / n * 1e3,
+                   "consumed_samples": consumed_samples}
+        if grad_norm is None:
+            del metrics["grad_norm"]
+        line = (f" iteration {iteration:>6}/{self._train_iters} | lm_loss {loss:.4f} | "
+                f"lr {lr:.3e} | "
+                + (f"grad_norm {grad_norm:.3f} | " if grad_norm is not None else "")
+                + f"{metrics['tokens_per_sec']:,.0f} tokens/s | {iter_time * 1e3:.1f} ms/iter | "
+                f"data wait {metrics['data_wait_ms']:.1f} ms")
+        if self._peak is not None:
+            tflops = model_tflops_per_device(self._flops_per_token, metrics["tokens_per_sec"],
+                                             self._world_size)
+            metrics["model_tflops_per_gpu"] = tflops
+            metrics["mfu"] = mfu_percent(tflops, self._peak)
+            line += f" | {tflops:.2f} model TFLOP/s per GPU | MFU {metrics['mfu']:.2f}%"
+        if self._probe is not None:
+            metrics.update(self._probe.take())
+        self.tracker.log(metrics, iteration, console=line)
