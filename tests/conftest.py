@@ -18,6 +18,8 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped without one")
+    config.addinivalue_line("markers", "slow: among the longest runs; skip locally with "
+                                       "PYTEST_ARGS='-m \"not slow\"' (CI runs everything)")
 
 
 def pytest_collection_modifyitems(config, items):

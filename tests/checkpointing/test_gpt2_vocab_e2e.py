@@ -11,6 +11,7 @@ from tokenizers import Tokenizer
 from tests.runs import deepy, explain, read_metrics, tiny_overrides
 
 GPT2_IDS = 50257
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,7 @@ def reference(small_data, tmp_path_factory):
     return get
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_tp2_pp2_stop_and_resume_is_bitwise_identical(small_data, tmp_path, reference,
                                                       precision):

@@ -6,12 +6,15 @@ and the size of the run."""
 import math
 from pathlib import Path
 
+import pytest
+
 from tests.runs import deepy, explain, read_metrics, tiny_overrides
 
 PYTHIA = Path(__file__).resolve().parents[1] / "neox_arguments" / "data" / \
     "neox_pythia_160M_flash.yml"
 
 
+@pytest.mark.slow
 def test_gpt_neox_pythia_160m_config_trains_on_cpu(small_data, tmp_path):
     prefix, tok = small_data
     run = tmp_path / "run"
