@@ -16,17 +16,34 @@ from megatron.monitoring.logger import setup_logging
 USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError, PermissionError)
 
 
+CONFIG_SUFFIXES = (".yml", ".yaml", ".json")
+# GPT-NeoX deepy.py's short options -> the config key they set
+SHORT_OPTIONS = {"-H": "hostfile", "-i": "sample_input_file", "-o": "sample_output_file"}
+
+
 def split_command_line(argv: list[str]) -> tuple[list[str], list[str]]:
     """(config files, `key=value` overrides).
 
     GPT-NeoX's forms work too: `--key value`, `--key=value`, and `--key v1 v2 ...` (a list,
     e.g. `--eval_tasks lambada_openai hellaswag`); values run until the next `--option`,
-    `key=value` or config file.
+    `key=value` or config file. As in GPT-NeoX's deepy.py, `-d/--conf_dir DIR` is put in front
+    of every config file, a file named without a suffix gets `.yml` (`125M` is `125M.yml`),
+    and `-H`, `-i`, `-o` set hostfile, sample_input_file and sample_output_file.
     """
-    files, overrides = [], []
+    files, overrides, conf_dir = [], [], None
     i = 0
     while i < len(argv):
         item = argv[i]
+        if item in ("-d", "--conf_dir") or item.startswith("--conf_dir="):
+            conf_dir, i = _option_value(argv, i, "conf_dir")
+            continue
+        if item in SHORT_OPTIONS:
+            value, i = _option_value(argv, i, SHORT_OPTIONS[item])
+            overrides.append(f"{SHORT_OPTIONS[item]}={value}")
+            continue
+        if item == "--autotuning" or item.startswith("--autotuning="):
+            raise ValueError("--autotuning (DeepSpeed's autotuner) is not supported here; remove "
+                             "it and set the batch sizes and ZeRO stage in the config")
         if item.startswith("--"):
             key = item[2:]
             if "=" in key:
@@ -43,16 +60,32 @@ def split_command_line(argv: list[str]) -> tuple[list[str], list[str]]:
             overrides.append(f"{key}={values[0]}" if len(values) == 1
                              else f"{key}=[{', '.join(values)}]")
             continue
-        if "=" in item and not item.endswith((".yml", ".yaml")):
+        if "=" in item and not item.endswith(CONFIG_SUFFIXES):
             overrides.append(item)
         else:
             files.append(item)
         i += 1
-    return files, overrides
+    return [_config_path(f, conf_dir) for f in files], overrides
+
+
+def _option_value(argv: list[str], i: int, key: str) -> tuple[str, int]:
+    """(the value of the option at argv[i], the index after it): `-x V`, `--x V` or `--x=V`."""
+    if "=" in argv[i]:
+        return argv[i].split("=", 1)[1], i + 1
+    if i + 1 >= len(argv):
+        raise ValueError(f"command-line option {argv[i]} has no value; write {key}=VALUE")
+    return argv[i + 1], i + 2
+
+
+def _config_path(name: str, conf_dir: str | None) -> str:
+    """GPT-NeoX's rule: the conf_dir in front, `.yml` added to a name without a suffix."""
+    path = os.path.join(conf_dir, name) if conf_dir else name
+    return path if path.endswith(CONFIG_SUFFIXES) else path + ".yml"
 
 
 def _is_option_or_file(item: str) -> bool:
-    return item.startswith("--") or item.endswith((".yml", ".yaml")) or "=" in item
+    return (item.startswith("--") or item in SHORT_OPTIONS or item == "-d"
+            or item.endswith(CONFIG_SUFFIXES) or "=" in item)
 
 
 def run_entry(main: Callable[[], int | None]) -> int:

@@ -20,3 +20,29 @@ def test_dash_dash_forms_including_lists():
 def test_option_without_value_says_how_to_write_it():
     with pytest.raises(ValueError, match="--seed has no value; write seed=VALUE"):
         split_command_line(["c.yml", "--seed"])
+
+
+def test_gpt_neox_deepy_forms_conf_dir_suffix_and_short_options():
+    """`python deepy.py train.py -d configs 125M local_setup` as GPT-NeoX's README writes it."""
+    assert split_command_line(["-d", "configs", "125M", "local_setup", "train_iters=5"]) == (
+        ["configs/125M.yml", "configs/local_setup.yml"], ["train_iters=5"])
+    assert split_command_line(["--conf_dir=c", "x.json", "y.yaml"]) == (["c/x.json", "c/y.yaml"], [])
+    files, overrides = split_command_line(["configs/tiny.yml", "-H", "hosts", "-i", "in.txt",
+                                           "-o", "out.txt", "--min_lr", "-1"])
+    assert files == ["configs/tiny.yml"]
+    assert overrides == ["hostfile=hosts", "sample_input_file=in.txt",
+                         "sample_output_file=out.txt", "min_lr=-1"]
+    with pytest.raises(ValueError, match="-d has no value; write conf_dir=VALUE"):
+        split_command_line(["a.yml", "-d"])
+    with pytest.raises(ValueError, match=r"--autotuning \(DeepSpeed's autotuner\) is not supported"):
+        split_command_line(["a.yml", "--autotuning", "tune"])
+
+
+def test_deepy_runs_gpt_neox_style_command_lines(tmp_path):
+    """The config named as GPT-NeoX names it resolves to the same config as the full path."""
+    from megatron.neox_arguments import NeoXArgs
+    from tests.runs import ROOT
+
+    files, overrides = split_command_line(["-d", str(ROOT / "configs"), "tiny", "num_gpus=1"])
+    assert NeoXArgs.from_ymls(files, overrides) == NeoXArgs.from_ymls(
+        [ROOT / "configs" / "tiny.yml"], ["num_gpus=1"])
