@@ -265,8 +265,8 @@ def launch(script: str, argv: list[str]) -> int:
         raise ValueError("no config file given; usage: python deepy.py train.py configs/a.yml "
                          "[configs/b.yml] [key=value ...]")
     args = NeoXArgs.from_ymls(files, overrides)
-    preflight(args, script)
     plan = plan_launch(args, script)
+    preflight(args, script)
     env = {**os.environ, **plan.env}
     if args.launcher.hostfile and not args.launcher.no_ssh and plan.env:
         env["DS_ENV_FILE"] = write_env_file(plan.env)

@@ -189,13 +189,20 @@ def test_mpirun_starts_the_workers_through_deepy(small_data, tmp_path):
     (["nope.py", "configs/tiny.yml"], "script nope.py does not exist"),
     (["train.py", "configs/tiny.yml", "no_ssh=true", "node_rank=1"],
      "no_ssh and node_rank set without a hostfile"),
+    (["train.py", "configs/tiny.yml", "num_gpus=1", "data_path=/nonexistent/corpus"],
+     "data_path: indexed dataset '/nonexistent/corpus' needs both /nonexistent/corpus.idx and "
+     "/nonexistent/corpus.bin"),
+    (["train.py", "configs/tiny.yml", "num_gpus=1", "data_path={data}",
+      "vocab_file=/nonexistent/tokenizer.json"], "/nonexistent/tokenizer.json"),
 ], ids=["missing-config", "unknown-key", "wrong-type", "impossible-degrees", "missing-hostfile",
-        "missing-script", "no-ssh-without-hostfile"])
-def test_bad_input_is_one_clear_error(argv, message):
+        "missing-script", "no-ssh-without-hostfile", "missing-data", "missing-vocab-file"])
+def test_bad_input_is_one_clear_error(argv, message, small_data):
+    argv = [a.replace("{data}", small_data[0]) for a in argv]
     proc = deepy(*argv, timeout=60)
     assert proc.returncode != 0
     assert message in proc.stderr, explain(proc)
     assert "Traceback" not in proc.stderr + proc.stdout
+    assert "worker(s):" not in proc.stderr  # decided in deepy.py: no "launching N worker(s)"
 
 
 def test_yaml_syntax_error_names_file_and_line(tmp_path):
