@@ -8,6 +8,7 @@ Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Callable
 
@@ -60,7 +61,7 @@ def split_command_line(argv: list[str]) -> tuple[list[str], list[str]]:
             overrides.append(f"{key}={values[0]}" if len(values) == 1
                              else f"{key}=[{', '.join(values)}]")
             continue
-        if "=" in item and not item.endswith(CONFIG_SUFFIXES):
+        if _is_override(item):
             overrides.append(item)
         else:
             files.append(item)
@@ -83,9 +84,15 @@ def _config_path(name: str, conf_dir: str | None) -> str:
     return path if path.endswith(CONFIG_SUFFIXES) else path + ".yml"
 
 
+def _is_override(item: str) -> bool:
+    """`key=value` (the key a name such as `vocab_file` or `optimizer.params.lr`); a path that
+    happens to hold '=' is a config file only when it ends like one and has no key before it."""
+    return re.match(r"^[A-Za-z_][\w.\-]*=", item) is not None
+
+
 def _is_option_or_file(item: str) -> bool:
     return (item.startswith("--") or item in SHORT_OPTIONS or item == "-d"
-            or item.endswith(CONFIG_SUFFIXES) or "=" in item)
+            or item.endswith(CONFIG_SUFFIXES) or _is_override(item))
 
 
 def run_entry(main: Callable[[], int | None]) -> int:

@@ -46,3 +46,10 @@ def test_deepy_runs_gpt_neox_style_command_lines(tmp_path):
     files, overrides = split_command_line(["-d", str(ROOT / "configs"), "tiny", "num_gpus=1"])
     assert NeoXArgs.from_ymls(files, overrides) == NeoXArgs.from_ymls(
         [ROOT / "configs" / "tiny.yml"], ["num_gpus=1"])
+
+
+def test_an_override_whose_value_is_a_json_or_yaml_path_stays_an_override():
+    assert split_command_line(["a.yml", "vocab_file=/data/tokenizer.json",
+                               "hostfile=/etc/hosts.yml", "optimizer.params.lr=0.1"]) == (
+        ["a.yml"], ["vocab_file=/data/tokenizer.json", "hostfile=/etc/hosts.yml",
+                    "optimizer.params.lr=0.1"])
