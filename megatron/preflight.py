@@ -2,18 +2,17 @@
 
     preflight(args, "train.py")   # ValueError naming the key / file and what to do
 
-For a training run (train.py): every data prefix has its `.bin`/`.idx` pair with a readable
-header (named with its config key), the tokenizer's files load, and fp16 is asked for only
-where a local launch has CUDA.
+For train.py and tools/ckpts/reshard.py, the tokenizer's files load. For train.py, every data
+prefix has its `.bin`/`.idx` pair with a readable header (named with its config key), and fp16
+is asked for only where a local launch has CUDA (training.engine.check_precision_supported).
 
-For a run that loads a checkpoint (train.py, tools/ckpts/reshard.py):
+For a run that loads a checkpoint:
 - the padded vocabulary: the checkpoint's own size must split over this run's
-  model_parallel_size and hold the tokenizer's ids (checkpointing.model_shape.vocab_for_run;
+  model_parallel_size and hold the tokenizer's ids (checkpointing.model_shape.resumed_vocab;
   the workers build the model with that size);
-- the learning-rate schedule (train.py, a checkpoint a training engine wrote): a schedule
-  that differs from the checkpoint's needs
-  override_lr_scheduler or use_checkpoint_lr_scheduler, as in GPT-NeoX
-  (training.learning_rates.check_resumable; the workers apply the same rule on load).
+- the learning-rate schedule (train.py, a checkpoint a training engine wrote): a schedule that
+  differs from the checkpoint's needs override_lr_scheduler or use_checkpoint_lr_scheduler, as
+  in GPT-NeoX (training.learning_rates.check_resumable; the workers apply the same rule).
 Each check reads only the manifest and config.yml of the checkpoint the run would load first.
 """
 
@@ -28,10 +27,16 @@ def preflight(args, script: str) -> None:
     """Raise ValueError / FileNotFoundError for what would make `script`'s workers fail at
     start-up."""
     name = Path(script).name
+    if name not in LOADING_SCRIPTS:
+        return
+    from megatron.tokenizer import build_tokenizer
+
     if name == "train.py":
         _check_training_inputs(args)
+    tok = args.tokenizer
+    tokenizer = build_tokenizer(tok.tokenizer_type, tok.vocab_file, tok.merge_file)
     ck = args.checkpoint
-    if name not in LOADING_SCRIPTS or not ck.load or ck.finetune:
+    if not ck.load or ck.finetune:
         return
     from megatron.checkpointing.locate import planned_manifest
 
@@ -39,7 +44,7 @@ def preflight(args, script: str) -> None:
     if manifest is None:
         return
     step_dir = Path(ck.load) / manifest.tag
-    _check_vocab(args, step_dir)
+    _check_vocab(args, tokenizer, manifest.run.get("padded_vocab_size"), step_dir)
     # a checkpoint written from weights alone (e.g. converted from Hugging Face) has no schedule
     if name == "train.py" and not ck.no_load_optim and manifest.contents.get("engine", True):
         _check_schedule(args, step_dir)
@@ -50,7 +55,7 @@ DATA_KEYS = ("data_path", "train_data_paths", "valid_data_paths", "test_data_pat
 
 def _check_training_inputs(args) -> None:
     from megatron.data.indexed_dataset import MMapIndexedDataset
-    from megatron.tokenizer import build_tokenizer
+    from megatron.training.engine import check_precision_supported
 
     for key in DATA_KEYS:
         value = getattr(args.data, key)
@@ -59,28 +64,17 @@ def _check_training_inputs(args) -> None:
                 MMapIndexedDataset(prefix)
             except (FileNotFoundError, ValueError) as err:
                 raise type(err)(f"{key}: {err}") from None
-    tok = args.tokenizer
-    build_tokenizer(tok.tokenizer_type, tok.vocab_file, tok.merge_file)
-    if args.derived.precision == "fp16" and not args.launcher.hostfile:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError("fp16 training needs a CUDA GPU: DeepSpeed's CPU accelerator has no "
-                             "fp16 support. On CPU use bf16 ('bf16: {enabled: true}', fast on CPUs "
-                             "with AMX) or fp32 (remove the fp16 section)")
+    if not args.launcher.hostfile:  # with a hostfile, the GPUs are on other machines
+        check_precision_supported(args.derived.precision)
 
 
-def _check_vocab(args, step_dir: Path) -> None:
-    from megatron.checkpointing.model_shape import vocab_for_run
+def _check_vocab(args, tokenizer, saved: int | None, step_dir: Path) -> None:
+    from megatron.checkpointing.model_shape import resumed_vocab
     from megatron.neox_arguments import padded_vocab_size
-    from megatron.tokenizer import build_tokenizer
 
-    tok = args.tokenizer
-    tokenizer = build_tokenizer(tok.tokenizer_type, tok.vocab_file, tok.merge_file)
     tp = args.parallelism.model_parallel_size
     default = padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by, tp)
-    vocab_for_run(str(step_dir.parent), args.checkpoint.iteration, default, tp,
-                  tokenizer.vocab_size)
+    resumed_vocab(default, saved, tp, tokenizer.vocab_size, step_dir)
 
 
 def _check_schedule(args, step_dir: Path) -> None:

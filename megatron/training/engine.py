@@ -48,18 +48,24 @@ def build_model(args, model_config: ModelConfig, topology: Topology, tp: TensorP
     return GPTModel(model_config, tp, checkpoint_activations=par.checkpoint_activations)
 
 
+def check_precision_supported(precision: str) -> None:
+    """fp16 needs CUDA: DeepSpeed's CPU accelerator has none (ValueError saying what to use)."""
+    import torch
+
+    if precision == "fp16" and not torch.cuda.is_available():
+        raise ValueError("fp16 training needs a CUDA GPU: DeepSpeed's CPU accelerator has no fp16 "
+                         "support. On CPU use bf16 ('bf16: {enabled: true}', fast on CPUs with "
+                         "AMX) or fp32 (remove the fp16 section)")
+
+
 def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engine:
     """Build the model, a torch optimizer and the LR schedule, and hand them to DeepSpeed."""
     import deepspeed
-    import torch
 
     from megatron.neox_arguments import deepspeed_config
 
     disable_deepspeed_shm_allreduce()
-    if args.derived.precision == "fp16" and not torch.cuda.is_available():
-        raise ValueError("fp16 training needs a CUDA GPU: DeepSpeed's CPU accelerator has no fp16 "
-                         "support. On CPU use bf16 ('bf16: {enabled: true}', fast on CPUs with "
-                         "AMX) or fp32 (remove the fp16 section)")
+    check_precision_supported(args.derived.precision)
     tp = groups.tensor_parallel(args.training.seed, args.parallelism.sequence_parallel)
     model = build_model(args, model_config, groups.topology, tp)
     hooked = sync_sequence_parallel_grads(model, tp)
