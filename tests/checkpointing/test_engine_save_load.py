@@ -18,17 +18,9 @@ import pytest
 import torch
 
 from tests.distributed import run_distributed
+from tests.logs import Warnings
 
 # ---- run inside the worker process -------------------------------------------------------
-
-
-class _Warnings(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
 
 
 def _draws():
@@ -215,7 +207,7 @@ OTHER = {"options": _options, "failures": _failures, "mismatch": _mismatch}
 def run_scenarios(rank: int, world: int, tmp: str, names: list[str]) -> dict:
     """The named scenarios in this worker (one process-group layout per process, A3), and the
     warnings logged meanwhile."""
-    warnings = _Warnings()
+    warnings = Warnings()
     logging.getLogger("megatron").addHandler(warnings)
     out = {}
     for name in names:

@@ -10,6 +10,7 @@ import pytest
 from megatron.monitoring.trackers import (DEFAULT_WANDB_HOST, MetricsTracker, wandb_enabled,
                                           wandb_has_credentials, wandb_server)
 from megatron.neox_arguments import NeoXArgs
+from tests.logs import Warnings
 from tests.runs import ROOT
 
 HOST = "https://wandb.example.test"
@@ -28,19 +29,10 @@ def netrc(tmp_path, monkeypatch):
     return path
 
 
-class _Warnings(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
 @pytest.fixture
 def warnings():
     logger = logging.getLogger("megatron.monitoring.trackers")
-    handler = _Warnings()
+    handler = Warnings()
     logger.addHandler(handler)
     yield handler.messages
     logger.removeHandler(handler)
