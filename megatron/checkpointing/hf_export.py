@@ -11,7 +11,8 @@
 
 The weights come from `reader.read_checkpoint`, every file verified first (any tensor/pipeline
 degree, any ZeRO stage); the model and tokenizer come from the run config `args`, whose
-architecture must agree with the checkpoint's own config.yml. vocab_size stays the padded
+architecture must agree with the checkpoint's own config.yml (for a checkpoint GPT-NeoX wrote,
+the model keys of its saved configs). vocab_size stays the padded
 vocabulary (every row the checkpoint embeds), so the HF logits equal ours column for column;
 the tokenizer never produces the extra ids. Precision "auto" keeps the dtype the checkpoint's weights are stored in (fp32 for fp32
 training, the bf16/fp16 module weights of mixed-precision runs); fp32/bf16/fp16 cast to it.
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from megatron.checkpointing import neox_format
 from megatron.checkpointing.layout import CONFIG_NAME
 from megatron.checkpointing.locate import step_directory
 from megatron.checkpointing.model_shape import check_architecture
@@ -51,7 +53,7 @@ def export_to_hf(step_dir: Path, args, output_dir: Path, architecture: str = "au
     name = architecture_for(model_config_from_args(args, 1), architecture)
     tok = args.tokenizer
     tokenizer = build_tokenizer(tok.tokenizer_type, tok.vocab_file, tok.merge_file)
-    ck = read_step(step_dir)
+    ck = read_step(step_dir, args)
     config = exported_config(args, ck, tokenizer)
     dtype = ck.canonical["0.word_embeddings.weight"].dtype if precision == "auto" \
         else PRECISIONS[precision]
@@ -66,18 +68,22 @@ def export_to_hf(step_dir: Path, args, output_dir: Path, architecture: str = "au
     return output_dir
 
 
-def read_step_config(step_dir: Path) -> Path:
-    """The config.yml the checkpoint was saved with (the default run config of an export)."""
-    path = step_directory(step_dir) / CONFIG_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: the checkpoint does not record its config; "
-                                "pass the training config files")
-    return path
+def read_step_configs(step_dir: Path) -> list[Path]:
+    """The config files the checkpoint was saved with (the default run config of an export):
+    its config.yml, or the configs/*.yml GPT-NeoX saved beside its own checkpoints."""
+    step = step_directory(step_dir)
+    if (step / CONFIG_NAME).is_file():
+        return [step / CONFIG_NAME]
+    neox = sorted(p for p in (step / neox_format.CONFIG_DIR).glob("*.y*ml"))
+    if neox:
+        return neox
+    raise FileNotFoundError(f"{step / CONFIG_NAME} is missing: the checkpoint does not record "
+                            "its config; pass the training config files")
 
 
-def read_step(step_dir: Path) -> CheckpointWeights:
+def read_step(step_dir: Path, args) -> CheckpointWeights:
     """The checkpoint's full weights (verified) and saved config."""
-    return read_checkpoint(step_directory(step_dir))
+    return read_checkpoint(step_directory(step_dir), run_args=args)
 
 
 def exported_config(args, ck, tokenizer) -> ModelConfig:
@@ -91,7 +97,7 @@ def exported_config(args, ck, tokenizer) -> ModelConfig:
                          f"{ck.step_dir} embeds only {trained}: use the tokenizer the model was "
                          "trained with")
     config = model_config_from_args(args, trained)
-    check_architecture(config, model_config_from_args(ck.saved_args, trained), ck.step_dir)
+    check_architecture(config, ck.saved_model_config(args, trained), ck.step_dir)
     return config
 
 

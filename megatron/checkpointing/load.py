@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from megatron.checkpointing import collectives, data_position, engine_state, reshard, rng
+from megatron.checkpointing import (collectives, data_position, engine_state, neox_format,
+                                    reshard, rng)
 from megatron.checkpointing.compatibility import check_compatible, describe_run, layout_changes
 from megatron.checkpointing.errors import NoValidCheckpointError
 from megatron.checkpointing.layout import rng_file
@@ -57,6 +58,10 @@ def load_checkpoint(engine, ck) -> dict:
                 break
             continue
         current = describe_run(engine)
+        if neox_format.is_neox(manifest):
+            manifest = neox_format.fill_from_run(manifest, current)
+            _loud(f"{root / tag} was written by GPT-NeoX (no manifest): its files are checked "
+                  "for completeness only, as it records no checksums")
         check_compatible(manifest.run, current, manifest.format_version, root / tag)
         if rejected:
             _loud(f"loading {root / tag} instead, the newest checkpoint that verifies "
@@ -89,10 +94,11 @@ def _load(engine, ck, root: Path, tag: str, manifest: Manifest, changes: list[st
     has_optimizer = bool(manifest.contents.get("optimizer", True))
     keep_fresh = bool(ck.finetune or ck.no_load_optim)
     if not has_optimizer and not keep_fresh and collectives.rank() == 0:
-        why = ("saved with no_save_optim" if manifest.contents.get("engine", True)
-               else "written from weights alone")
-        log.warning("checkpoint %s has no optimizer state (%s): the optimizer starts fresh",
-                    root / tag, why)
+        why = manifest.contents.get("optimizer_note") or (
+            "saved with no_save_optim" if manifest.contents.get("engine", True)
+            else "written from weights alone")
+        log.warning("checkpoint %s: no optimizer state is loaded (%s): the optimizer starts "
+                    "fresh, its moments restart", root / tag, why)
     if changes or not manifest.contents.get("engine", True):
         _load_resharded(engine, ck, root / tag, manifest, changes,
                         load_optimizer=has_optimizer and not keep_fresh)

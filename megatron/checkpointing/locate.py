@@ -5,6 +5,9 @@ every reader uses (training, generation, eval, Hugging Face export, reshard, ins
     step_dir = step_directory(path, iteration)         # a reader: path itself, N, or latest
     manifest = open_verified(step_dir)                 # sizes + sha256, or CorruptFileError
 
+A directory GPT-NeoX wrote has no manifest: it is recognised by DeepSpeed's files and described
+by neox_format, and verified for completeness (no checksums exist to compare).
+
 Training resumes from `latest` and, when that is missing or damaged, from the newest checkpoint
 that verifies (A24); a reader (generation, eval, export) reads exactly the checkpoint it is
 pointed at, `iteration=N` or the one `latest` names, and refuses it when damaged. Both verify
@@ -21,6 +24,7 @@ from megatron.checkpointing.errors import CorruptFileError
 from megatron.checkpointing.layout import (LATEST, MANIFEST_NAME, iteration_of, read_latest,
                                            saved_iterations, tag_for)
 from megatron.checkpointing.manifest import Manifest, assign_files, check_files, read_manifest
+from megatron.checkpointing import neox_format
 
 
 def _saved(root: Path) -> str:
@@ -87,10 +91,18 @@ def planned_manifest(root: Path, iteration: int | None) -> Manifest | None:
         return None
     for tag in tags:
         try:
-            return read_manifest(root / tag)
+            return read_any_manifest(root / tag)
         except CorruptFileError:
             continue
     return None
+
+
+def read_any_manifest(step_dir: Path) -> Manifest:
+    """Our manifest.json, or for a directory GPT-NeoX wrote (DeepSpeed's files, no manifest)
+    the description neox_format gives it; CorruptFileError when neither reads."""
+    if neox_format.is_neox_directory(step_dir):
+        return neox_format.describe(step_dir)
+    return read_manifest(step_dir)
 
 
 def verify_checkpoint(directory: Path) -> tuple[Manifest | None, list[str]]:
@@ -99,9 +111,12 @@ def verify_checkpoint(directory: Path) -> tuple[Manifest | None, list[str]]:
     rank, world = collectives.rank(), collectives.world_size()
     manifest = None
     try:
-        manifest = read_manifest(directory)
-        share = assign_files(manifest.files, world)[rank]
-        local = check_files(directory, manifest, share, threads=min(4, os.cpu_count() or 1))
+        manifest = read_any_manifest(directory)
+        if neox_format.is_neox(manifest):  # no checksums: every file present and non-empty
+            local = neox_format.verify(directory, manifest) if rank == 0 else []
+        else:
+            share = assign_files(manifest.files, world)[rank]
+            local = check_files(directory, manifest, share, threads=min(4, os.cpu_count() or 1))
     except CorruptFileError as err:
         local = [str(err)]
     problems = sorted({p for found in collectives.all_gather(local) for p in found})

@@ -331,6 +331,19 @@ def by_name(name: str) -> Layout:
     return found.get(name, NONE)
 
 
+def saved_state_keys(step_dir: Path, index: dict) -> tuple[str, ...]:
+    """The per-parameter tensors the optimizer that saved index's files kept (Adam: exp_avg,
+    exp_avg_sq), read from the files themselves (for a checkpoint with no declaration, e.g.
+    one GPT-NeoX wrote)."""
+    if index["optimizer"] == "flat":
+        part = load_torch(step_dir / index["optimizer_file"])["optimizer_state_dict"]
+        values = _group_state(part["base_optimizer_state"], 0)
+    else:
+        values = next(iter(load_torch(step_dir / index["model_file"])["optimizer"]["state"]
+                           .values()))
+    return tuple(k for k, v in values.items() if isinstance(v, torch.Tensor) and k != "step")
+
+
 # --- helpers shared by the layouts -------------------------------------------------------------
 
 def _declared(values: dict, keys: tuple[str, ...], where: str) -> dict[str, torch.Tensor]:

@@ -3,6 +3,11 @@
     ck = read_checkpoint(args.checkpoint.load, args.checkpoint.iteration)
     ck.canonical   # {"<layer>.<path>": full tensor}, whatever tp / pp / ZeRO layout saved them
     ck.saved_args  # the saving run's resolved config (its config.yml)
+    config = ck.saved_model_config(args, ck.trained_vocab)   # the checkpoint's architecture
+
+A checkpoint GPT-NeoX wrote (no manifest, see neox_format) is read the same way; its
+architecture is the run config with the model keys of the configs GPT-NeoX saved beside it
+(the run config alone when it saved none, as from GPT-NeoX's converters).
 
 The checkpoint is `<load>/global_step<N>/` (N from `iteration`, else the tag `<load>/latest`
 names; locate.step_directory). Every file is checked against the manifest's sizes and sha256
@@ -18,7 +23,9 @@ from pathlib import Path
 import torch
 
 from megatron.checkpointing.layout import CONFIG_NAME, iteration_of
+from megatron.checkpointing import neox_format
 from megatron.checkpointing.locate import open_verified, step_directory
+from megatron.checkpointing.model_shape import describe_shape
 from megatron.checkpointing.weights import full_weights
 
 
@@ -30,12 +37,22 @@ class CheckpointWeights:
     iteration: int | None
     tensor_parallel: int
     canonical: dict[str, torch.Tensor]
-    saved_args: object  # the saving run's NeoXArgs
+    saved_args: object  # the saving run's NeoXArgs (None for a GPT-NeoX checkpoint)
+    neox_config: dict | None = None  # a GPT-NeoX checkpoint's saved configs, merged
 
     @property
     def trained_vocab(self) -> int:
         """Rows of the embedding in the checkpoint (its padded vocabulary)."""
         return int(self.canonical["0.word_embeddings.weight"].shape[0])
+
+    def saved_model_config(self, run_args, padded_vocab_size: int):
+        """The ModelConfig of the checkpoint's own architecture (see the module docstring)."""
+        from megatron.model.config import model_config_from_args
+
+        saved = self.saved_args
+        if saved is None:
+            saved = neox_format.architecture_args(run_args, self.neox_config or {}, self.step_dir)
+        return model_config_from_args(saved, padded_vocab_size)
 
 
 def checkpoint_dir(load: str | None, iteration: int | None) -> Path:
@@ -46,13 +63,21 @@ def checkpoint_dir(load: str | None, iteration: int | None) -> Path:
     return step_directory(Path(load), iteration, key="load")
 
 
-def read_checkpoint(load: str | Path | None, iteration: int | None = None) -> CheckpointWeights:
+def read_checkpoint(load: str | Path | None, iteration: int | None = None,
+                    run_args=None) -> CheckpointWeights:
     """Full canonical weights of the chosen checkpoint (verified), with its saved config.
-    `load` is a save directory or a global_step<N> directory."""
+    `load` is a save directory or a global_step<N> directory; `run_args` (the reading run's
+    config) supplies the shape a GPT-NeoX checkpoint without saved configs does not record."""
     from megatron.neox_arguments import NeoXArgs
 
     step_dir = checkpoint_dir(str(load) if load else None, iteration)
     manifest = open_verified(step_dir)
+    if neox_format.is_neox(manifest):
+        if run_args is not None:
+            manifest = neox_format.fill_from_run(manifest, describe_shape(run_args, None))
+        return CheckpointWeights(step_dir, manifest.iteration, int(manifest.run["tp"]),
+                                 full_weights(step_dir, manifest=manifest), None,
+                                 manifest.config)
     config_path = step_dir / CONFIG_NAME
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path} is missing: the checkpoint does not record the "

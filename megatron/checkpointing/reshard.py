@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from megatron.checkpointing import optimizer_layouts, shard_index
+from megatron.checkpointing import neox_format, optimizer_layouts, shard_index
 from megatron.checkpointing.durable import load_torch
 from megatron.checkpointing.errors import CheckpointMismatchError
 from megatron.checkpointing.manifest import Manifest
@@ -53,6 +53,8 @@ def read_full_state(step_dir: Path, manifest: Manifest, with_optimizer: bool = T
     """The layout-free state of the checkpoint in `step_dir` (already verified); with
     `wanted` (canonical names), only the files holding those parameters are read. Optimizer
     state that cannot be read (no shard index) is an error when `required`, else skipped."""
+    if neox_format.is_neox(manifest):
+        return FullState(**neox_format.read_state(step_dir, manifest, with_optimizer, wanted))
     layers = None if wanted is None else {int(n.split(".", 1)[0]) for n in wanted}
     state = FullState(weights=full_weights(step_dir, layers=layers, manifest=manifest))
     indexes = shard_index.load_all(step_dir, manifest.files)

@@ -3,7 +3,8 @@
     lines, problems = describe_checkpoint(Path("checkpoints/tiny"), iteration=None, verify=True)
 
 Reads the manifest only (and, with `verify`, hashes every file); no torch.distributed, no
-DeepSpeed, nothing unpickled.
+DeepSpeed, nothing unpickled. A checkpoint GPT-NeoX wrote has no manifest: its description
+comes from its model file (neox_format.describe), and it has no checksums to verify.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import os
 from pathlib import Path
 
 from megatron.checkpointing.errors import CorruptFileError
-from megatron.checkpointing.locate import step_directory
-from megatron.checkpointing.manifest import check_files, read_manifest
+from megatron.checkpointing import neox_format
+from megatron.checkpointing.locate import read_any_manifest, step_directory
+from megatron.checkpointing.manifest import check_files
 from megatron.checkpointing.model_shape import SHAPE_KEYS
 
 
@@ -23,19 +25,27 @@ def describe_checkpoint(path: Path, iteration: int | None = None, verify: bool =
     a problem, not an exception."""
     step = step_directory(Path(path), iteration)
     try:
-        manifest = read_manifest(step)
+        manifest = read_any_manifest(step)
     except CorruptFileError as err:
         return [f"checkpoint {step}"], [str(err)]
     run, state = manifest.run, manifest.client_state
     layout = ", ".join(f"{k} {run.get(k)}" for k in ("tp", "pp", "dp", "zero_stage", "precision"))
     shape = ", ".join(f"{k} {run[k]}" for k in SHAPE_KEYS if k in run)
-    held = ["weights"] + [k for k, v in manifest.contents.items() if v and k != "engine"]
+    held = ["weights"] + [k for k, v in manifest.contents.items() if v is True and k != "engine"]
     lines = [f"checkpoint {step} (format {manifest.format_version})",
              f"iteration {manifest.iteration}, consumed samples "
              f"{state.get('consumed_train_samples', 'unknown')}",
              f"layout: {layout}", f"model: {shape}", f"holds: {', '.join(held)}",
              f"files: {len(manifest.files)}, {manifest.total_bytes / 2**20:.1f} MiB",
              "written with " + ", ".join(f"{k} {v}" for k, v in manifest.versions.items())]
+    if neox_format.is_neox(manifest):
+        problems = neox_format.verify(step, manifest)
+        lines[0] += ", written by GPT-NeoX"
+        if manifest.contents.get("optimizer_note"):
+            lines.append(f"optimizer state not read: {manifest.contents['optimizer_note']}")
+        lines.append(f"{len(problems)} problem(s)" if problems else
+                     "every file GPT-NeoX writes is present (it records no checksums)")
+        return lines, problems
     problems = check_files(step, manifest, manifest.files if verify else (),
                            threads=min(4, os.cpu_count() or 1))
     lines.append(("verified: every file matches its size and sha256" if verify else

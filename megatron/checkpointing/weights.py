@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from megatron.checkpointing import optimizer_layouts, shard_index
+from megatron.checkpointing import neox_format, optimizer_layouts, shard_index
 from megatron.checkpointing.manifest import Manifest, read_manifest
 from megatron.model.partition import Sharding, canonical_from_module
 
@@ -30,6 +30,9 @@ def full_weights(step_dir: Path, layers: set[int] | None = None,
     """Canonical full weights of the checkpoint in `step_dir` (any tp/pp; ZeRO-3 included);
     with `layers`, pipeline checkpoints read only those layers' files."""
     manifest = manifest or read_manifest(step_dir)
+    if neox_format.is_neox(manifest):
+        found = neox_format.read_weights(step_dir, manifest)
+        return {k: v for k, v in found.items() if layers is None or int(k.split(".")[0]) in layers}
     tp, sharding = int(manifest.run.get("tp") or 1), saved_sharding(manifest)
     layer_files = sorted(step_dir.glob("layer_*-model_*-model_states.pt"))
     if layer_files:

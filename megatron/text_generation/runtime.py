@@ -102,14 +102,14 @@ def load_inference_model(args, tokenizer, tp, device: torch.device
     from megatron.checkpointing.model_shape import check_architecture
     from megatron.checkpointing.reader import read_checkpoint, resize_vocab
 
-    ck = read_checkpoint(args.checkpoint.load, args.checkpoint.iteration)
+    ck = read_checkpoint(args.checkpoint.load, args.checkpoint.iteration, run_args=args)
     trained = ck.trained_vocab
     limit = max(tokenizer.vocab_size, tokenizer.max_token_id + 1)
     if limit > trained:
         raise ValueError(f"the tokenizer has {limit} ids but the checkpoint {ck.step_dir} embeds "
                          f"only {trained}: this is not the tokenizer the model was trained with "
                          "(check tokenizer_type / vocab_file)")
-    saved_config = model_config_from_args(ck.saved_args, trained)
+    saved_config = ck.saved_model_config(args, trained)
     vocab = round_up(trained, tp.size)
     config = dataclasses.replace(model_config_from_args(args, vocab), padded_vocab_size=vocab)
     check_architecture(config, saved_config, ck.step_dir)

@@ -108,8 +108,9 @@ def _pretrain(args) -> RunState:
     state = RunState()
     resumed = load_checkpoint(engine, args.checkpoint)
     state.iteration = int(resumed.get("iteration", 0))
-    state.consumed_train_samples = int(resumed.get("consumed_train_samples", 0))
-    state.consumed_valid_samples = int(resumed.get("consumed_valid_samples", 0))
+    train, valid = implied_position(args, state.iteration)
+    state.consumed_train_samples = int(resumed.get("consumed_train_samples", train))
+    state.consumed_valid_samples = int(resumed.get("consumed_valid_samples", valid))
     check_ranks_agree(state)
 
     counts = sample_counts(args)
@@ -136,6 +137,15 @@ def _pretrain(args) -> RunState:
     finally:
         tracker.close()
     return state
+
+
+def implied_position(args, iteration: int) -> tuple[int, int]:
+    """(train, validation) samples consumed after `iteration` steps when a checkpoint records
+    none (one written by GPT-NeoX): GPT-NeoX's rule, one global batch per iteration and
+    eval_iters batches per completed eval_interval."""
+    gbs, t = args.derived.train_batch_size, args.training
+    evals = iteration // t.eval_interval if t.eval_interval else 0
+    return iteration * gbs, evals * t.eval_iters * gbs
 
 
 def check_same_data(args, resumed: dict, fingerprints: dict) -> None:

@@ -297,7 +297,7 @@ def test_no_save_optim_and_no_save_rng_load_with_a_fresh_optimizer_and_say_so(ou
     out = ok(outcomes["options"])["no_save_optim"]
     assert out["resumed"]["iteration"] == 2 and out["weights"]
     assert out["optimizer_state"] == 0 and out["lr_steps"] == 2
-    assert any("has no optimizer state (saved with no_save_optim)" in w
+    assert any("no optimizer state is loaded (saved with no_save_optim)" in w
                for w in outcomes["warnings"])
     assert any("has no RNG states (saved with no_save_rng)" in w for w in outcomes["warnings"])
 

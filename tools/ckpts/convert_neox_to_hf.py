@@ -33,17 +33,17 @@ def main(argv=None) -> int:
                         help="<save>/global_step<N> (or <save>, for the checkpoint `latest` names)")
     parser.add_argument("--config_file", nargs="+", default=None,
                         help="config YAML file(s), merged left to right (default: the "
-                             "checkpoint's config.yml)")
+                             "checkpoint's config.yml, or the configs GPT-NeoX saved beside it)")
     parser.add_argument("--output_dir", required=True, help="Hugging Face model directory to write")
     parser.add_argument("--architecture", default="auto", choices=["auto", "neox", "llama"])
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     args = parser.parse_args(argv)
 
     def run() -> None:
-        from megatron.checkpointing.hf_export import export_to_hf, read_step_config
+        from megatron.checkpointing.hf_export import export_to_hf, read_step_configs
         from megatron.neox_arguments import NeoXArgs
 
-        configs = args.config_file or [read_step_config(Path(args.input_dir))]
+        configs = args.config_file or read_step_configs(Path(args.input_dir))
         export_to_hf(Path(args.input_dir), NeoXArgs.from_ymls(configs), Path(args.output_dir),
                      args.architecture, args.precision)
 

@@ -1,0 +1,281 @@
+"""Checkpoints written by GPT-NeoX load here: recognised (not "damaged"), read at any tensor-
+parallel degree in both of GPT-NeoX's shapes (pipeline layer files, sequential module), with
+GPT-NeoX's tensor layouts (grouped-query QKV per rank, gated-MLP halves, older MLP names).
+
+The directories are built from Hugging Face models by tests/checkpointing/neox_dirs.py
+following GPT-NeoX's conventions; the logits of what the reader returns must equal the HF
+model's (fp32, within 2e-5 absolute, as the HF conversion tests).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from megatron.checkpointing.errors import CheckpointMismatchError, CorruptFileError
+from megatron.checkpointing.locate import open_verified
+from megatron.checkpointing.reader import read_checkpoint
+from megatron.neox_arguments import NeoXArgs
+from tests.checkpointing.neox_dirs import gpt_neox_layers, llama_layers, write_neox_checkpoint
+from tests.tools.test_hf_conversion import ATOL, batch, hf_gpt_neox, hf_llama, our_logits, tool
+
+LLAMA_CONFIG = {  # GPT-NeoX's spelling: dashes where its own configs use them
+    "num-layers": 4, "hidden-size": 128, "num-attention-heads": 4, "num_kv_heads": 2,
+    "seq-length": 128, "max-position-embeddings": 128, "pos-emb": "rotary", "rotary_pct": 1,
+    "norm": "rmsnorm", "rms_norm_epsilon": 1.0e-5, "activation": "swiglu",
+    "mlp_multiple_of": 64, "use_bias_in_norms": False, "use_bias_in_attn_linear": False,
+    "use_bias_in_mlp": False, "no-weight-tying": True, "pipe-parallel-size": 1,
+    "model-parallel-size": 2, "launcher": "pdsh", "train-iters": 320000}
+PYTHIA_ARGS = {"num_layers": 4, "hidden_size": 128, "num_attention_heads": 4,
+               "max_position_embeddings": 128, "make_vocab_size_divisible_by": 128,
+               "padded_vocab_size": 2048, "tokenizer_type": "HFTokenizer",
+               "model_parallel_size": 2}
+
+
+@pytest.fixture(scope="module")
+def paths(small_data, tmp_path_factory):
+    prefix, tokenizer = small_data
+    path = tmp_path_factory.mktemp("neox_paths") / "paths.yml"
+    path.write_text(f"vocab_file: {tokenizer}\ndata_path: {prefix}\n")
+    return path
+
+
+def run_args(config: str, paths, *overrides: str) -> NeoXArgs:
+    return NeoXArgs.from_ymls([config, paths], list(overrides))
+
+
+CASES = {
+    # GPT-NeoX training output: pipeline files, tensor-parallel 2, configs saved
+    "llama_gqa_pipeline_tp2": ("llama", "pipeline", 2, "configs"),
+    # GPT-NeoX's convert_hf_llama_to_neox.py: sequential, tag "0", no configs or args
+    "llama_gqa_converted_tp2": ("llama", "sequential", 2, "converter"),
+    # Pythia-style: older MLP names, rotary buffers, only the args GPT-NeoX stores
+    "pythia_pipeline_tp2_legacy_names": ("gpt_neox", "pipeline", 2, "args"),
+    "pythia_sequential_tp1": ("gpt_neox", "sequential", 1, "args"),
+}
+
+
+def build(case: str, root):
+    """(the HF model, the checkpoint's save directory, the run config file it describes)."""
+    kind, shape, tp, saved = CASES[case]
+    if kind == "llama":
+        hf, layers, config = hf_llama(), llama_layers, "configs/tiny_llama.yml"
+    else:
+        hf, layers, config = hf_gpt_neox(vocab=2048), gpt_neox_layers, "configs/tiny.yml"
+    write_neox_checkpoint(
+        root, lambda r: layers(hf, tp, r), tp, shape, iteration=30,
+        args=PYTHIA_ARGS | {"model_parallel_size": tp} if saved == "args" else None,
+        configs={"llama.yml": LLAMA_CONFIG} if saved == "configs" else None,
+        tag="0" if saved == "converter" else None)
+    return hf, root, config
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gpt_neox_checkpoint_reads_with_the_logits_of_the_model_it_came_from(case, paths,
+                                                                             tmp_path):
+    hf, root, config = build(case, tmp_path / "neox")
+    args = run_args(config, paths)
+    ck = read_checkpoint(root, run_args=args)  # `latest` -> its tag; not refused as damaged
+    assert ck.tensor_parallel == CASES[case][2]
+    assert ck.iteration == 30
+    model_config = ck.saved_model_config(args, ck.trained_vocab)
+    tokens = batch(hf.config.vocab_size)
+    with torch.inference_mode():
+        theirs = hf(tokens).logits
+    ours = our_logits(model_config, ck.canonical, tokens)
+    assert (ours - theirs).abs().max().item() < ATOL
+
+
+def test_saved_configs_give_the_architecture_and_a_differing_run_config_is_refused(paths,
+                                                                                   tmp_path):
+    _, root, _ = build("llama_gqa_pipeline_tp2", tmp_path / "neox")
+    wrong = run_args("configs/tiny_llama.yml", paths, "num_kv_heads=4")
+    manifest = open_verified(root / "global_step30")
+    assert manifest.run["num_kv_heads"] == 2 and manifest.run["tp"] == 2
+    ck = read_checkpoint(root, run_args=run_args("configs/tiny_llama.yml", paths))
+    saved = ck.saved_model_config(wrong, ck.trained_vocab)
+    assert (saved.num_kv_heads, saved.activation, saved.norm) == (2, "swiglu", "rmsnorm")
+    with pytest.raises(ValueError, match=r"num_kv_heads: 4 in this run's config vs 2"):
+        from megatron.checkpointing.hf_export import exported_config
+        from megatron.tokenizer import build_tokenizer
+
+        tok = build_tokenizer("HFTokenizer", str(wrong.tokenizer.vocab_file))
+        exported_config(wrong, ck, tok)
+
+
+def test_missing_rank_file_is_named_and_unknown_tensors_are_refused(paths, tmp_path):
+    _, root, _ = build("llama_gqa_pipeline_tp2", tmp_path / "neox")
+    step = root / "global_step30"
+    (step / "layer_03-model_01-model_states.pt").unlink()
+    with pytest.raises(CorruptFileError, match=r"layer_03-model_01-model_states\.pt: missing"):
+        open_verified(step)
+
+    _, root, _ = build("pythia_sequential_tp1", tmp_path / "moe")
+    path = root / "global_step30" / "mp_rank_00_model_states.pt"
+    state = torch.load(path, weights_only=False)
+    state["module"]["sequential.2.mlp.experts.0.weight"] = torch.zeros(2)
+    torch.save(state, path)
+    with pytest.raises(CheckpointMismatchError, match=r"mlp\.experts\.0\.weight.*mixture"):
+        read_checkpoint(root, run_args=run_args("configs/tiny.yml", paths))
+
+
+def test_gpt_neox_checkpoint_exports_to_hugging_face_with_its_saved_configs(paths, tmp_path):
+    """tools/ckpts/convert_neox_to_hf.py on a GPT-NeoX directory: the architecture comes from
+    the configs GPT-NeoX saved when no config file is given; the run config adds the
+    tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    hf, root, _ = build("llama_gqa_pipeline_tp2", tmp_path / "neox")
+    assert tool("convert_neox_to_hf").main([
+        "--input_dir", str(root), "--config_file", "configs/tiny_llama.yml", str(paths),
+        "--output_dir", str(tmp_path / "hf")]) == 0
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    tokens = batch(hf.config.vocab_size)
+    with torch.inference_mode():
+        assert (exported(tokens).logits - hf(tokens).logits).abs().max().item() < ATOL
+
+
+def _train_from_deepspeed_written(rank, world, root, paths, zero_stage):
+    """A GPT-NeoX checkpoint saved by a real DeepSpeed engine (one Adam step on the gradient
+    g = W0 of HF Llama's weights W0), loaded into this project's training engine."""
+    import deepspeed
+
+    from megatron.checkpointing import load_checkpoint
+    from megatron.model.config import model_config_from_args
+    from megatron.model.hf_mapping import canonical_from_hf
+    from megatron.model.partition import canonical_param_name
+    from megatron.mpu.groups import ProcessGroups
+    from megatron.mpu.initialize import disable_deepspeed_shm_allreduce
+    from megatron.mpu.topology import Topology
+    from megatron.training.engine import build_engine
+    from megatron.training.learning_rates import AnnealingLR, lr_schedule
+    from tests.checkpointing.neox_dirs import deepspeed_neox_checkpoint
+
+    disable_deepspeed_shm_allreduce()
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+    args = run_args("configs/tiny_llama.yml", paths, "num_gpus=1", f"load={root}",
+                    f"save={root}_ours", "lr_decay_style=constant", "warmup=0.0"
+                    ).with_world_size(1)
+    hf = hf_llama()
+    w0, _ = canonical_from_hf(hf.state_dict(), hf.config)
+    schedule = lr_schedule(args)
+    deepspeed_neox_checkpoint(
+        root, llama_layers(hf, 1, 0), zero_stage, iteration=5, lr=schedule.lr,
+        args={"num_layers": 4, "hidden_size": 128, "num_attention_heads": 4,
+              "padded_vocab_size": 2048, "model_parallel_size": 1},
+        configs={"llama.yml": LLAMA_CONFIG | {"model-parallel-size": 1}},
+        lr_scheduler=lambda opt: AnnealingLR(opt, schedule))
+    topology = Topology.from_world(1, 1, args.parallelism.pipe_parallel_size)
+    engine = build_engine(args, model_config_from_args(args, 2048), ProcessGroups.build(topology))
+    resumed = load_checkpoint(engine, args.checkpoint)
+    ds = engine.engine
+    found = {}
+    for name, p in ds.module.named_parameters():
+        state = ds.optimizer.state[p]
+        found[canonical_param_name(name)] = (p.detach().clone(), state["exp_avg"].clone(),
+                                             state["exp_avg_sq"].clone())
+    return (resumed, found, w0, schedule.lr, ds.global_steps,
+            engine.lr_scheduler.state_dict()["num_iters"])
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1])
+def test_deepspeed_written_gpt_neox_checkpoint_continues_training_with_its_optimizer_state(
+        zero_stage, paths, tmp_path):
+    """Continued training: iteration, LR schedule and Adam's moments come from the GPT-NeoX
+    checkpoint. After one step on g = W0: exp_avg = 0.1 W0, exp_avg_sq = 0.05 W0^2 and
+    W1 = W0 - lr W0 / (|W0| + eps), elementwise, so they are known in our layout from HF's
+    weights alone, whatever GPT-NeoX's layout of the files."""
+    from tests.distributed import run_distributed
+
+    [(resumed, found, w0, lr, steps, num_iters)] = run_distributed(
+        _train_from_deepspeed_written, 1, tmp_path / "neox", paths, zero_stage)
+    assert resumed == {"iteration": 5}
+    assert (steps, num_iters) == (1, 1)
+    assert found.keys() == w0.keys()
+    for name, (weight, exp_avg, exp_avg_sq) in found.items():
+        expected = w0[name] - lr * w0[name] / (w0[name].abs() + 1e-8)
+        torch.testing.assert_close(weight, expected, rtol=0, atol=1e-6, msg=name)
+        torch.testing.assert_close(exp_avg, 0.1 * w0[name], rtol=1e-5, atol=1e-8, msg=name)
+        torch.testing.assert_close(exp_avg_sq, 0.05 * w0[name] ** 2, rtol=1e-4, atol=1e-9,
+                                   msg=name)
+
+
+def test_gpt_neox_checkpoint_fine_tunes_through_deepy_at_another_layout(small_data, paths,
+                                                                       tmp_path):
+    """`finetune: true` from a GPT-NeoX tensor-parallel-2 pipeline checkpoint, trained by one
+    process (tensor-parallel 1), at a learning rate too small to move a weight: the iteration
+    count restarts and the first checkpoint holds the GPT-NeoX weights (HF's, in our layout)."""
+    from megatron.checkpointing.weights import full_weights
+    from megatron.model.hf_mapping import canonical_from_hf
+    from tests.runs import deepy, explain, tiny_overrides
+
+    hf, root, config = build("llama_gqa_pipeline_tp2", tmp_path / "neox")
+    overrides = tiny_overrides(*small_data, tmp_path / "run", num_gpus=1, train_iters=2,
+                               checkpoint_factor=2, load=root, finetune="true", seq_length=48,
+                               eval_interval=1000, log_interval=1, min_lr=0,
+                               **{"optimizer.params.lr": 1e-30})
+    proc = deepy("train.py", config, *overrides)
+    assert proc.returncode == 0, explain(proc)
+    assert "was written by GPT-NeoX" in proc.stderr + proc.stdout
+    assert (tmp_path / "run" / "ckpt" / "latest").read_text() == "global_step2"
+    trained = full_weights(tmp_path / "run" / "ckpt" / "global_step2")
+    expected, _ = canonical_from_hf(hf.state_dict(), hf.config)
+    assert trained.keys() == expected.keys()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(trained[name], tensor, rtol=0, atol=1e-6, msg=name)
+
+
+def test_generation_reads_a_gpt_neox_checkpoint_with_the_models_logits(paths, tmp_path):
+    """generate.py and eval.py's model loader on a GPT-NeoX checkpoint (sequential, as GPT-NeoX's
+    converter writes it, with no config: the run's config describes it)."""
+    from megatron.mpu.groups import NO_TP
+    from megatron.text_generation.runtime import load_inference_model
+    from megatron.tokenizer import build_tokenizer
+
+    hf, root, config = build("llama_gqa_converted_tp2", tmp_path / "neox")
+    args = run_args(config, paths, f"load={root}")
+    tokenizer = build_tokenizer("HFTokenizer", str(args.tokenizer.vocab_file))
+    model, step_dir, iteration = load_inference_model(args, tokenizer, NO_TP,
+                                                      torch.device("cpu"))
+    assert (step_dir, iteration) == (str(root / "0"), 30)
+    tokens = batch(hf.config.vocab_size)
+    with torch.inference_mode():
+        ours = model.forward(tokens, torch.arange(tokens.shape[1]).expand_as(tokens))
+        assert (ours - hf(tokens).logits).abs().max().item() < ATOL
+
+
+def test_reshard_tool_rewrites_a_gpt_neox_checkpoint_in_this_projects_format(small_data, paths,
+                                                                            tmp_path):
+    """tools/ckpts/reshard.py on GPT-NeoX's pipeline checkpoint (Pythia-style names, tensor-
+    parallel 2) at model_parallel_size 1: a verified checkpoint of ours, same iteration, the
+    HF model's weights."""
+    from megatron.checkpointing.locate import open_verified
+    from megatron.checkpointing.weights import full_weights
+    from megatron.model.hf_mapping import canonical_from_hf
+    from tests.runs import deepy, explain, tiny_overrides
+
+    hf, root, config = build("pythia_pipeline_tp2_legacy_names", tmp_path / "neox")
+    overrides = tiny_overrides(*small_data, tmp_path / "out", num_gpus=1, load=root,
+                               model_parallel_size=1)
+    proc = deepy("tools/ckpts/reshard.py", config, *overrides)
+    assert proc.returncode == 0, explain(proc)
+    step = tmp_path / "out" / "ckpt" / "global_step30"
+    assert open_verified(step).run["tp"] == 1  # a manifest of ours, every file hashed
+    expected, _ = canonical_from_hf(hf.state_dict(), hf.config)
+    restored = full_weights(step)
+    assert restored.keys() == expected.keys()
+    assert all(torch.equal(restored[k], expected[k]) for k in expected)
+
+
+def test_inspect_describes_a_gpt_neox_checkpoint(paths, tmp_path):
+    from megatron.checkpointing.summary import describe_checkpoint
+
+    build("llama_gqa_pipeline_tp2", tmp_path / "neox")
+    lines, problems = describe_checkpoint(tmp_path / "neox", verify=True)
+    assert problems == []
+    assert lines[0].endswith("written by GPT-NeoX")
+    assert "tp 2" in lines[2]
+    assert "num_kv_heads 2" in lines[3] and "padded_vocab_size 2048" in lines[3]
+    assert lines[4] == "holds: weights"
+    assert lines[-2] == ("optimizer state not read: it holds no optimizer state (e.g. written by "
+                         "a GPT-NeoX converter)")
