@@ -141,6 +141,10 @@ def plan_launch(args, script: str, python: str = sys.executable) -> LaunchPlan:
         if la.num_nodes not in (None, -1, 1):
             raise ValueError(f"num_nodes={la.num_nodes} needs a hostfile listing the nodes "
                              "(config key 'hostfile')")
+        if la.deepspeed_slurm:  # srun starts the workers through DeepSpeed's runner
+            raise ValueError("deepspeed_slurm needs a hostfile of the allocation's nodes (config "
+                             "key 'hostfile', one 'hostname slots=N' line per node, e.g. from "
+                             "scontrol show hostnames $SLURM_JOB_NODELIST), or remove it")
         hosts = {"localhost": list(range(la.num_gpus or 1))}
     world = sum(len(slots) for slots in hosts.values())
     args = args.with_world_size(world)  # validates degrees against the real world size

@@ -63,6 +63,18 @@ def test_hostfile_launch_passes_launcher_and_filters(tmp_path):
     assert "--force_multi" not in plan.argv and "--no_ssh_check" not in plan.argv
 
 
+def test_deepspeed_slurm_needs_the_hostfile_when_launching_not_when_loading(tmp_path):
+    loaded = args(launcher="slurm", deepspeed_slurm=True)  # as srun's workers decode it too
+    with pytest.raises(ValueError, match="deepspeed_slurm needs a hostfile of the allocation's "
+                                         "nodes \\(config key 'hostfile'"):
+        plan_launch(loaded, "train.py")
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n0 slots=2\nn1 slots=2\n")
+    plan = plan_launch(loaded.replace(hostfile=str(hostfile), num_gpus=None), "train.py")
+    assert flag(plan.argv, "launcher") == "slurm" and "--force_multi" in plan.argv
+    assert plan.world_size == 4
+
+
 def test_mpi_launch_runs_the_whole_hostfile_on_every_host(tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("n0 slots=2\nn1 slots=2\n")

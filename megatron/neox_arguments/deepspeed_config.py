@@ -33,6 +33,8 @@ def deepspeed_config(args: Any) -> dict[str, Any]:
         config["fp16"] = {**fp16, "enabled": True}
     elif d.precision == "bf16":
         config["bf16"] = {**copy.deepcopy(ds.bf16 or {}), "enabled": True}
+    if ds.data_types:
+        config["data_types"] = copy.deepcopy(ds.data_types)
     if ds.fp32_allreduce and d.precision != "fp32":
         config["communication_data_type"] = "fp32"
     p = args.parallelism

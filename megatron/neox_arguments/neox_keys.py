@@ -29,7 +29,6 @@ RENAMED: dict[str, str] = {
 # Values GPT-NeoX fills in itself; here they are derived (see `args.derived`) or not config.
 RUNTIME_KEYS: dict[str, str] = {
     "world_size": "derived from num_nodes * num_gpus (see args.derived.world_size)",
-    "global_num_gpus": "derived from num_nodes * num_gpus (see args.derived.world_size)",
     "is_pipe_parallel": "derived from pipe_parallel_size (see args.derived.is_pipe_parallel)",
     "lr": "read from optimizer.params.lr",
     "optimizer_type": "read from optimizer.type",
@@ -57,7 +56,7 @@ RUNTIME_KEYS: dict[str, str] = {
 DEEPSPEED_PASSTHROUGH = frozenset({
     "amp", "autotuning", "checkpoint", "comms_logger", "communication_data_type",
     "compression_training", "csv_monitor", "curriculum_learning", "data_efficiency",
-    "data_types", "dump_state", "elasticity", "flops_profiler", "gradient_predivide_factor",
+    "dump_state", "elasticity", "flops_profiler", "gradient_predivide_factor",
     "prescale_gradients", "sparse_attention", "sparse_gradients", "tensorboard", "wandb",
     "activation_checkpointing",
 })
@@ -145,7 +144,6 @@ NEOX_DEFAULTS: dict[str, Any] = {
     "curriculum_learning": None,
     "curriculum_seqlen": 0,
     "data_efficiency": None,
-    "data_types": None,
     "dataset_impl": "gpt2",
     "deepscale": False,
     "deepscale_config": None,
@@ -168,7 +166,6 @@ NEOX_DEFAULTS: dict[str, Any] = {
     "fp16_lm_cross_entropy": False,
     "fp32_reinforce": True,
     "fused_kernels_build_path": None,
-    "global_num_gpus": None,
     "gmlp_attn_dim": 64,
     "gradient_noise_scale_cpu_offload": False,
     "gradient_noise_scale_n_batches": 5,

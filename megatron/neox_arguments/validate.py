@@ -14,7 +14,7 @@ from ..monitoring.logger import get_logger
 from . import derived as d
 from .errors import ConfigError
 from .registries import REGISTRIES, check_choice
-from .sections.deepspeed import BF16_KEYS, FP16_KEYS, NEOX_FP16_EXTRA_KEYS
+from .sections.deepspeed import BF16_KEYS, FP16_KEYS, GRAD_ACCUM_DTYPES, NEOX_FP16_EXTRA_KEYS
 from .sections.launcher import MPI_LAUNCHERS
 
 log = get_logger(__name__)
@@ -33,6 +33,7 @@ GENERATED_DS_KEYS = {
     "wall_clock_breakdown": "wall_clock_breakdown", "zero_allow_untested_optimizer":
     "zero_allow_untested_optimizer", "optimizer": "optimizer (built in torch, never by DeepSpeed)",
     "scheduler": "lr_decay_style (the schedule runs outside DeepSpeed)",
+    "data_types": "data_types",
 }
 
 
@@ -163,13 +164,17 @@ def _attention(c: Config, world_size: int | None) -> Iterator[str]:
         )
 
 
+def _world_size(c: Config, world_size: int | None) -> tuple[int, str]:
+    """(the world size the rules assume, how it was obtained, for messages)."""
+    world = d.resolve_world_size(c, world_size)
+    if world_size is not None:
+        return world, f"{world}"
+    return world, f"num_nodes({c['num_nodes']}) * num_gpus({c['num_gpus']}) = {world}"
+
+
 def _world(c: Config, world_size: int | None) -> Iterator[str]:
     tp, pp = c["model_parallel_size"], c["pipe_parallel_size"]
-    world = d.resolve_world_size(c, world_size)
-    where = (
-        f"num_nodes({c['num_nodes']}) * num_gpus({c['num_gpus']}) = {world}"
-        if world_size is None else f"{world}"
-    )
+    world, where = _world_size(c, world_size)
     stages = d.pipeline_stages(pp)
     if world < 1 or tp < 1 or pp < 0:
         return  # reported by the num_gpus / degree rules
@@ -201,6 +206,24 @@ def _world(c: Config, world_size: int | None) -> Iterator[str]:
             )
         except ConfigError as e:
             yield str(e)
+
+
+def _global_num_gpus(c: Config, world_size: int | None) -> Iterator[str]:
+    """GPT-NeoX's global_num_gpus is the number of processes, derived here: a value is checked.
+
+    With a hostfile and no launcher-given world size the check waits for the launch, which
+    counts the hostfile's slots and validates again (`with_world_size`).
+    """
+    given = c["global_num_gpus"]
+    if given is None or (world_size is None and c["hostfile"]):
+        return
+    world, where = _world_size(c, world_size)
+    if given != world:
+        yield (
+            f"global_num_gpus({given}) != world_size({where}): the world size is derived from "
+            "num_nodes and num_gpus (processes per node) here; set them to give "
+            f"{given} processes, or remove global_num_gpus."
+        )
 
 
 def _batch_triple(c: Config, dp: int) -> Iterator[str]:
@@ -238,6 +261,28 @@ def _precision(c: Config, world_size: int | None) -> Iterator[str]:
     for name, section in (("fp16", fp16), ("bf16", bf16)):
         if wanted == name and section and section.get("enabled") is False:
             yield f"precision is '{precision}' but {name}.enabled is false; make them agree."
+
+
+def _data_types(c: Config, world_size: int | None) -> Iterator[str]:
+    """data_types.grad_accum_dtype: a dtype DeepSpeed can accumulate gradients in here."""
+    data_types = c["data_types"] or {}
+    for key in sorted(set(data_types) - {"grad_accum_dtype"}):
+        yield (f"data_types.{key} is not supported; only grad_accum_dtype is (parameters and "
+               "buffers take the precision's dtype).")
+    accum = data_types.get("grad_accum_dtype")
+    if accum is None:
+        return
+    if accum not in GRAD_ACCUM_DTYPES:
+        yield (f"data_types.grad_accum_dtype({accum!r}) must be one of "
+               f"{', '.join(GRAD_ACCUM_DTYPES)}.")
+        return
+    precision = d.resolve_precision(c["precision"], c["fp16"], c["bf16"])
+    stage = c["zero_optimization"].get("stage", 0)
+    if GRAD_ACCUM_DTYPES[accum] != precision and stage not in (1, 2):
+        yield (f"data_types.grad_accum_dtype({accum}) differs from the precision ({precision}); "
+               "DeepSpeed accumulates gradients in another dtype than the model's only with "
+               f"ZeRO stage 1 or 2, and zero_optimization.stage is {stage}: set stage 1 (with "
+               "bf16 and fp32, DeepSpeed's bf16 optimizer), or remove data_types.")
 
 
 def _optimizer(c: Config, world_size: int | None) -> Iterator[str]:
@@ -377,10 +422,9 @@ def _rank_discovery(c: Config) -> Iterator[str]:
         key = "deepspeed_mpi" if mpi else "deepspeed_slurm"
         yield (f"{key} reads ranks that mpirun / srun set, but no_ssh starts each node's workers "
                f"with DeepSpeed's own launcher; remove {key} or no_ssh.")
-    elif slurm and (launcher != "slurm" or not c["hostfile"]):
+    elif slurm and launcher != "slurm":  # the hostfile srun needs is checked at launch
         yield (f"deepspeed_slurm reads ranks from the variables srun sets, but launcher is "
-               f"'{launcher}' and hostfile is {c['hostfile'] or 'not set'}: set launcher: slurm "
-               "and a hostfile of the allocation's nodes, or remove deepspeed_slurm.")
+               f"'{launcher}': set launcher: slurm, or remove deepspeed_slurm.")
     elif mpi and (launcher not in MPI_LAUNCHERS or not c["hostfile"]):
         yield (f"deepspeed_mpi reads ranks from the variables mpirun sets, but launcher is "
                f"'{launcher}' and hostfile is {c['hostfile'] or 'not set'}: set launcher to one "
@@ -426,6 +470,7 @@ def _tensor_parallel_splits(c: Config, world_size: int | None) -> Iterator[str]:
 
 
 RULES: tuple[Callable[[Config, int | None], Iterator[str]], ...] = (
-    _choices, _heads, _tensor_parallel_splits, _shape, _attention, _world, _precision, _optimizer, _intervals, _checkpoint,
+    _choices, _heads, _tensor_parallel_splits, _shape, _attention, _world, _global_num_gpus,
+    _precision, _data_types, _optimizer, _intervals, _checkpoint,
     _data, _launcher, _logging, _deepspeed_extra,
 )

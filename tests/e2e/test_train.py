@@ -160,6 +160,28 @@ def test_bf16_single_process_saving_on_the_log_scale(small_data, tmp_path):
         "global_step*")) == [1, 2, 3, 5, 7, 11, 17, 20]
 
 
+@pytest.mark.slow
+def test_bf16_with_fp32_gradient_accumulation_trains(small_data, tmp_path):
+    """Llemma's precision (GPT-NeoX's data_types: {grad_accum_dtype: fp32} with bf16 and ZeRO
+    stage 1, which runs DeepSpeed's bf16 optimizer): 2 data-parallel processes accumulating 2
+    micro-batches each."""
+    prefix, tok = small_data
+    run = tmp_path / "run"
+    proc = deepy("train.py", "configs/tiny.yml",
+                 *tiny_overrides(prefix, tok, run, bf16="{enabled: true}",
+                                 zero_optimization="{stage: 1}", train_micro_batch_size_per_gpu=4,
+                                 data_types="{grad_accum_dtype: fp32}", fp32_allreduce=True,
+                                 train_iters=10, eval_interval=5))
+    assert proc.returncode == 0, explain(proc)
+    saved = NeoXArgs.from_yml_saved(run / "ckpt" / "global_step10" / "config.yml")
+    assert saved.derived.gradient_accumulation_steps == 2
+    assert saved.deepspeed.data_types == {"grad_accum_dtype": "fp32"}
+    train, val = read_metrics(run / "logs")
+    assert [r["iteration"] for r in train] == [5, 10]
+    assert_learned(train, min_drop=0.3)
+    assert val[-1]["val_loss"] < val[0]["val_loss"]
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the CPU-only refusal")
 def test_fp16_on_cpu_is_refused_with_what_to_use_instead(small_data, tmp_path):
     prefix, tok = small_data

@@ -24,3 +24,25 @@ def make(world_size=None, **values):
     from megatron.neox_arguments import NeoXArgs
 
     return NeoXArgs.from_dict({**BASE, **values}, source="test", world_size=world_size)
+
+
+# Shipped files merged after a model (tiny.yml stands in for one).
+PARTIAL = {"configs/local_setup.yml", "configs/text_generation.yml"}
+LLAMA_TRAINING = "configs/llama/train_config.yml"
+# Model files run with LLAMA_TRAINING, as GPT-NeoX's llama/README.md runs them (llemma/ files are
+# complete run configs).
+MODEL_ONLY = ("configs/llama/", "configs/llama2/", "configs/mistral/")
+
+
+def stack(name: str) -> list[Path]:
+    """The files the shipped config `name` runs with, as its header says: a partial file after a
+    model, a model file before the LLaMA training settings; configs/local_setup.yml last."""
+    if name in PARTIAL:
+        names = ["configs/tiny.yml", name]
+    elif name == LLAMA_TRAINING:
+        names = ["configs/llama/7B.yml", name]
+    elif name.startswith(MODEL_ONLY):
+        names = [name, LLAMA_TRAINING]
+    else:
+        names = [name]
+    return [REPO / n for n in names + ["configs/local_setup.yml"]]

@@ -52,6 +52,17 @@ def test_neox_extra_fp16_keys_are_dropped_and_extra_args_merged():
     assert "communication_data_type" not in deepspeed_config(make(fp32_allreduce=True))
 
 
+def test_data_types_reach_deepspeed():
+    from deepspeed.runtime.config import DeepSpeedConfig  # imports torch: test only
+
+    args = make(precision="bf16", zero_optimization={"stage": 1},
+                data_types={"grad_accum_dtype": "fp32"})
+    ds = deepspeed_config(args)
+    assert ds["data_types"] == {"grad_accum_dtype": "fp32"}
+    assert DeepSpeedConfig(ds).grad_accum_dtype == "fp32"
+    assert "data_types" not in deepspeed_config(make())
+
+
 CONFIGS = [REPO / "configs/tiny.yml", REPO / "configs/125M.yml", REPO / "configs/pythia/1B.yml",
            DATA / "neox_125M.yml", DATA / "neox_pythia_1B.yml"]
 

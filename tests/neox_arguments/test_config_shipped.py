@@ -8,26 +8,25 @@ import sys
 import pytest
 import yaml
 
-from neox_args_helpers import REPO
+from neox_args_helpers import REPO, stack
 
 from megatron.neox_arguments import NeoXArgs, deepspeed_config
 from megatron.neox_arguments.docs import main as docs_main
 
 CONFIGS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "configs").rglob("*.yml"))
-PARTIAL = {"configs/local_setup.yml", "configs/text_generation.yml"}  # merged after a model
 
 
 def test_configs_are_found():
     assert "configs/tiny.yml" in CONFIGS and "configs/pythia/70M.yml" in CONFIGS
-    assert len(CONFIGS) == 22
+    assert {"configs/llama/65B.yml", "configs/llama2/codellama_34B.yml", "configs/mistral/7B.yml",
+            "configs/llemma/34B.yml"} <= set(CONFIGS)
+    assert len(CONFIGS) == 35
 
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_shipped_config_loads_and_validates(name):
     raw = yaml.safe_load((REPO / name).read_text())
-    paths = [REPO / "configs/tiny.yml", REPO / name] if name in PARTIAL else [REPO / name]
-    paths.append(REPO / "configs/local_setup.yml")
-    args = NeoXArgs.from_ymls(paths)
+    args = NeoXArgs.from_ymls(stack(name))
     replica = raw.get("model_parallel_size", 1) * max(raw.get("pipe_parallel_size", 0), 1)
     assert args.derived.world_size == (args.num_gpus or replica)
     assert len(args.derived.attention_types) == args.num_layers

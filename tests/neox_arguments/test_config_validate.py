@@ -108,7 +108,23 @@ CASES = [
     ({"deepspeed_mpi": True, "hostfile": "h"}, None,
      "launcher is 'pdsh' and hostfile is h: set launcher to one of openmpi, mpich, impi, mvapich"),
     ({"deepspeed_slurm": True, "hostfile": "h"}, None,
-     "deepspeed_slurm reads ranks from the variables srun sets, but launcher is 'pdsh'"),
+     "deepspeed_slurm reads ranks from the variables srun sets, but launcher is 'pdsh': set "
+     "launcher: slurm, or remove deepspeed_slurm"),
+    ({"global_num_gpus": 2}, None, "global_num_gpus(2) != world_size(num_nodes(-1) * "
+     "num_gpus(None) = 1): the world size is derived from num_nodes and num_gpus"),
+    ({"global_num_gpus": 2, "hostfile": "h"}, 4, "global_num_gpus(2) != world_size(4)"),
+    ({"data_types": {"grad_accum_dtype": "fp32"}, "precision": "bf16"}, None,
+     "data_types.grad_accum_dtype(fp32) differs from the precision (bf16); DeepSpeed accumulates "
+     "gradients in another dtype than the model's only with ZeRO stage 1 or 2, and "
+     "zero_optimization.stage is 0"),
+    ({"data_types": {"grad_accum_dtype": "fp32"}, "precision": "bf16",
+      "zero_optimization": {"stage": 3}}, None, "and zero_optimization.stage is 3"),
+    ({"data_types": {"grad_accum_dtype": "int8"}}, None,
+     "data_types.grad_accum_dtype('int8') must be one of fp32, float32, fp16"),
+    ({"data_types": {"param_dtype": "bf16"}}, None,
+     "data_types.param_dtype is not supported; only grad_accum_dtype is"),
+    ({"deepspeed_extra_args": {"data_types": {"grad_accum_dtype": "fp32"}}}, None,
+     "deepspeed_extra_args.data_types would replace the value generated from data_types"),
     ({"deepspeed_slurm": True, "deepspeed_mpi": True}, None,
      "deepspeed_mpi and deepspeed_slurm are both true"),
     ({"deepspeed_slurm": True, "launcher": "slurm", "hostfile": "h", "no_ssh": True,
@@ -176,6 +192,16 @@ def test_valid_neighbours_of_the_rules_pass():
     assert make(precision="fp16", fp16={"loss_scale": 0}).derived.precision == "fp16"
     assert make(pipe_partition_method="type:transformer|mlp").pipe_partition_method.startswith("type:")
     assert make(data_impl="infer").data_impl == "infer"
+    assert make(global_num_gpus=1).launcher.global_num_gpus == 1
+    assert make(global_num_gpus=4, num_gpus=4).derived.world_size == 4
+    # with a hostfile the launcher counts the world, and checks global_num_gpus then
+    assert make(global_num_gpus=16, hostfile="h").with_world_size(16).derived.world_size == 16
+    assert make(deepspeed_slurm=True, launcher="slurm").launcher.deepspeed_slurm  # no hostfile yet
+    bf16_fp32 = {"precision": "bf16", "data_types": {"grad_accum_dtype": "fp32"}}
+    assert make(zero_optimization={"stage": 1}, **bf16_fp32).deepspeed.data_types == {
+        "grad_accum_dtype": "fp32"}
+    assert make(zero_optimization={"stage": 2}, pipe_parallel_size=0, **bf16_fp32)
+    assert make(precision="bf16", data_types={"grad_accum_dtype": "bfloat16"})  # the same dtype
 
 
 def test_every_registry_rejects_an_unknown_name():

@@ -17,6 +17,9 @@ BF16_KEYS = (
     "bf16_optimizer_states",
 )
 NEOX_FP16_EXTRA_KEYS = ("fp16", "type")
+# DeepSpeed's spellings of the dtypes data_types.grad_accum_dtype may name, by precision.
+GRAD_ACCUM_DTYPES = {"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16",
+                     "bf16": "bf16", "bfloat16": "bf16"}
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,12 @@ class DeepSpeedArgs:
         "hysteresis, min_loss_scale, initial_scale_power).",
     )
     bf16: dict | None = option(None, "DeepSpeed bf16 options, e.g. {enabled: true}.")
+    data_types: dict | None = option(
+        None,
+        "DeepSpeed's data_types, e.g. {grad_accum_dtype: fp32}: accumulate gradients in that "
+        "dtype; one other than the precision's needs ZeRO stage 1 or 2 (bf16 with fp32 and "
+        "stage 1 runs DeepSpeed's bf16 optimizer).",
+    )
     fp32_allreduce: bool = option(
         False, "All-reduce gradients in float32 under fp16/bf16 (communication_data_type fp32)."
     )

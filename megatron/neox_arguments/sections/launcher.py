@@ -31,6 +31,11 @@ class LauncherArgs:
         "null means all GPUs (the launcher counts them; config checks assume 1, or one "
         "model replica per node if 1 is too few).",
     )
+    global_num_gpus: int | None = option(
+        None,
+        "GPT-NeoX's total process count. The world size is derived here (num_nodes * "
+        "num_gpus, or the hostfile's slots at launch); a value given must equal it.",
+    )
     master_addr: str | None = option(
         None, "Address of the rank-0 node (null: the first host, or localhost)."
     )
@@ -51,7 +56,8 @@ class LauncherArgs:
     deepspeed_slurm: bool = option(
         False,
         "Workers take rank, local rank and world size from srun's variables (SLURM_PROCID, "
-        "SLURM_NTASKS, SLURM_LOCALID) before RANK; needs a hostfile and launcher slurm.",
+        "SLURM_NTASKS, SLURM_LOCALID) before RANK; needs launcher slurm, and deepy.py needs "
+        "a hostfile of the allocation's nodes to start them.",
     )
     comment: str | None = option(None, "Comment passed to the launcher (e.g. SLURM --comment).")
     account: str | None = option(None, "Account passed to the scheduler (e.g. SLURM --account).")

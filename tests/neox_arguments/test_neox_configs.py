@@ -1,0 +1,46 @@
+"""GPT-NeoX's own config files (verbatim copies in data/gpt-neox/, see its README) load here
+unchanged, merged as GPT-NeoX runs them; one that does not is refused naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from neox_args_helpers import DATA
+
+from megatron.neox_arguments import ConfigError, NeoXArgs, deepspeed_config
+from megatron.neox_arguments.load import read_yml
+
+NEOX = DATA / "gpt-neox"
+
+
+def test_cpu_mock_config_states_the_world_size():
+    # GPT-NeoX's CPU tests merge it after a model config: one process
+    args = NeoXArgs.from_ymls([NEOX / "125M.yml", NEOX / "cpu_mock_config.yml"])
+    assert args.launcher.global_num_gpus == 1 and args.derived.world_size == 1
+    # 125M.yml names a hostfile, so the launcher counts the world and it is checked then
+    assert args.launcher.hostfile == "/mock_path"
+    with pytest.raises(ConfigError, match=r"global_num_gpus\(1\) != world_size\(2\): the world "
+                                          "size is derived from num_nodes and num_gpus"):
+        args.with_world_size(2)
+
+
+def test_slurm_config_loads_without_the_allocation():
+    # the hostfile srun needs is asked for when deepy.py launches (tests/test_launcher.py)
+    args = NeoXArgs.from_ymls([NEOX / "slurm_125M.yml"])
+    la = args.launcher
+    assert (la.launcher, la.deepspeed_slurm, la.comment, la.hostfile) == ("slurm", True, "neox", None)
+
+
+def test_llemma_7b_is_refused_only_for_keys_gpt_neox_does_not_define():
+    with pytest.raises(ConfigError, match="Unknown config key 'decay_lr_to'"):
+        NeoXArgs.from_ymls([NEOX / "llemma/7B.yml"])
+    # GPT-NeoX refuses them too; without them the file loads, data_types included
+    values = read_yml(NEOX / "llemma/7B.yml")
+    del values["decay_lr_to"], values["warmup_iters"]
+    args = NeoXArgs.from_dict(values, source="llemma/7B.yml")
+    ds = deepspeed_config(args)
+    assert ds["data_types"] == {"grad_accum_dtype": "fp32"} and ds["bf16"] == {"enabled": True}
+
+    from deepspeed.runtime.config import DeepSpeedConfig  # imports torch: test only
+
+    assert DeepSpeedConfig(ds).grad_accum_dtype == "fp32"
