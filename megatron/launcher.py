@@ -6,8 +6,11 @@ is refused before anything starts). With a hostfile: DeepSpeed's runner, with th
 (pdsh, openmpi, slurm, ...) and include/exclude/num_nodes/num_gpus, on `master_port` or 29500;
 with `no_ssh` and `node_rank` it starts only this node's workers (run it once per node). mpirun
 and srun tell workers their rank in their own variables (see `megatron.mpu.launch_env`) but not
-the master, so MASTER_ADDR / MASTER_PORT are exported to every worker. Workers get the resolved
-config on their command line (`--neox_args`), never YAML re-read from disk.
+the master, so MASTER_PORT (and MASTER_ADDR when `master_addr` is set) is exported to every
+worker; srun's workers otherwise take the first host of the step's node list. srun reaches the
+nodes through SLURM, never ssh, so launcher slurm skips DeepSpeed's ssh checks. Only the
+options that narrow the hostfile reach DeepSpeed's runner. Workers get the resolved config on
+their command line (`--neox_args`), never YAML re-read from disk.
 """
 
 from __future__ import annotations
@@ -162,7 +165,9 @@ def plan_launch(args, script: str, python: str = sys.executable) -> LaunchPlan:
         env["MASTER_PORT"] = str(port)
         if la.master_addr:
             env["MASTER_ADDR"] = la.master_addr
-        argv = _runner_launch(la, python, port, select_hosts=not mpirun) + worker
+        # mpirun runs the whole hostfile, and DeepSpeed refuses a selection
+        selection = [] if mpirun else _host_selection(la, pool, hosts)
+        argv = _runner_launch(la, python, port, hosts, selection) + worker
     return LaunchPlan(argv=argv, env=env, world_size=world, master_port=port, hosts=hosts)
 
 
@@ -195,17 +200,22 @@ def _local_launch(hosts, la, python: str, port: int) -> list[str]:
             "--no_local_rank"]
 
 
-def _runner_launch(la, python: str, port: int, select_hosts: bool) -> list[str]:
+def _runner_launch(la, python: str, port: int, hosts: dict[str, list[int]],
+                   selection: list[str]) -> list[str]:
     argv = [python, "-u", "-m", "deepspeed.launcher.runner", f"--hostfile={la.hostfile}",
             f"--master_port={port}", f"--launcher={la.launcher}", "--no_local_rank"]
     if la.master_addr:
         argv.append(f"--master_addr={la.master_addr}")
+    elif la.launcher == "slurm":
+        # Without an address DeepSpeed's runner asks the first host over ssh (`hostname -I`),
+        # which compute nodes of a SLURM cluster rarely allow; srun's workers never read it
+        # (they take the first host of SLURM_STEP_NODELIST), so the first host's name does.
+        argv.append(f"--master_addr={next(iter(hosts))}")
     if la.deepspeed_mpi or la.deepspeed_slurm:
         argv.append("--force_multi")  # GPT-NeoX's: even one host is started by mpirun / srun
-    if la.no_ssh_check:
+    if la.no_ssh_check or la.launcher == "slurm":
         argv.append("--no_ssh_check")
-    if select_hosts:  # mpirun runs the whole hostfile, and DeepSpeed refuses a selection
-        argv += _host_selection(la)
+    argv += selection
     if la.no_ssh:
         if la.node_rank is None:
             raise ValueError("no_ssh launches one node at a time and needs node_rank "
@@ -220,14 +230,20 @@ def _runner_launch(la, python: str, port: int, select_hosts: bool) -> list[str]:
     return argv
 
 
-def _host_selection(la) -> list[str]:
+def _host_selection(la, pool: dict[str, int], hosts: dict[str, list[int]]) -> list[str]:
+    """The runner's flags that narrow the hostfile to `hosts`; none when it is used whole.
+
+    num_nodes / num_gpus that select nothing are left out: DeepSpeed's slurm runner turns
+    --num_gpus into srun's --gpus-per-node, a GPU request that a CPU partition refuses
+    ("Invalid generic resource"), while the hostfile's slots already give srun its task count.
+    """
     if la.include or la.exclude:
         return ([f"--include={la.include}"] if la.include else []) + (
             [f"--exclude={la.exclude}"] if la.exclude else [])
     argv = []
-    if la.num_nodes and la.num_nodes > 0:
+    if len(hosts) < len(pool):
         argv.append(f"--num_nodes={la.num_nodes}")
-    if la.num_gpus:
+    if any(len(slots) < pool[host] for host, slots in hosts.items()):
         argv.append(f"--num_gpus={la.num_gpus}")
     return argv
 
@@ -272,8 +288,13 @@ def launch(script: str, argv: list[str]) -> int:
     plan = plan_launch(args, script)
     preflight(args, script)
     env = {**os.environ, **plan.env}
+    env_file = None
     if args.launcher.hostfile and not args.launcher.no_ssh and plan.env:
-        env["DS_ENV_FILE"] = write_env_file(plan.env)
+        env["DS_ENV_FILE"] = env_file = write_env_file(plan.env)
     log.info("launching %d worker(s): %s", plan.world_size,
              " ".join(a if len(a) < 200 else a[:40] + "..." for a in plan.argv))
-    return subprocess.run(plan.argv, env=env).returncode
+    try:
+        return subprocess.run(plan.argv, env=env).returncode
+    finally:  # it may hold exported secrets (WANDB_API_KEY, HF_TOKEN): gone with the run
+        if env_file:
+            Path(env_file).unlink(missing_ok=True)

@@ -39,6 +39,19 @@ def tiny_overrides(data_prefix: str, tokenizer: str, run_dir: Path, **extra) -> 
     return [f"{k}={v}" for k, v in values.items()]
 
 
+SHORT_RUN = dict(train_iters=4, log_interval=2, eval_interval=4, eval_iters=1, checkpoint_factor=4)
+# what a launcher leaves in a worker's environment; launcher tests start from none of it
+LAUNCHER_PREFIXES = ("OMPI_", "PMI", "PMIX_", "SLURM_", "MPI_LOCALRANKID", "MV2_")
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def clean_env(**extra) -> dict:
+    """This environment without any launcher's variables, one thread per process, plus `extra`."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in LAUNCHER_VARS and not k.startswith(LAUNCHER_PREFIXES)}
+    return {**env, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
+
+
 def deepy(*argv: str, timeout: float = 300, env: dict | None = None,
           cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """Run `python deepy.py ...` and capture its output."""

@@ -60,7 +60,25 @@ def test_hostfile_launch_passes_launcher_and_filters(tmp_path):
     assert plan.world_size == 8 and list(plan.hosts) == ["worker-0", "worker-1"]
     # srun's and mpirun's workers learn the master from these, exported through the env file
     assert plan.env["MASTER_ADDR"] == "10.0.0.1" and plan.env["MASTER_PORT"] == "29500"
-    assert "--force_multi" not in plan.argv and "--no_ssh_check" not in plan.argv
+    assert "--force_multi" not in plan.argv
+    assert "--no_ssh_check" in plan.argv  # srun reaches the nodes through SLURM, not ssh
+
+
+def test_slurm_launch_asks_nothing_over_ssh_and_no_gpus_the_hostfile_does_not_narrow(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node-a slots=2\nnode-b slots=2\n")
+    plan = plan_launch(args(hostfile=hostfile, launcher="slurm", deepspeed_slurm=True,
+                            num_gpus=2), "train.py")
+    # DeepSpeed's runner would ssh to node-a for `hostname -I` without an address; srun's
+    # workers take the master from their node list, so none is exported to them
+    assert flag(plan.argv, "master_addr") == "node-a" and "MASTER_ADDR" not in plan.env
+    assert "--no_ssh_check" in plan.argv and "--force_multi" in plan.argv
+    # num_gpus equal to the slots selects nothing: passed on, srun would ask for GPUs
+    assert not [a for a in plan.argv if a.startswith(("--num_gpus", "--num_nodes"))]
+    plan = plan_launch(args(hostfile=hostfile, launcher="slurm", num_gpus=1, num_nodes=1),
+                       "train.py")
+    assert flag(plan.argv, "num_gpus") == "1" and flag(plan.argv, "num_nodes") == "1"
+    assert plan.world_size == 1 and list(plan.hosts) == ["node-a"]
 
 
 def test_deepspeed_slurm_needs_the_hostfile_when_launching_not_when_loading(tmp_path):
