@@ -35,3 +35,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def small_data(tmp_path_factory):
+    """(data prefix, tokenizer path) of a real dataset built from the built-in corpus, shared
+    by every test of the session that runs real training."""
+    from tests.runs import build_small_dataset
+
+    return build_small_dataset(tmp_path_factory.mktemp("data"))

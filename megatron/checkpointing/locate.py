@@ -16,6 +16,7 @@ through `verify_checkpoint`, so a damaged file is named the same way everywhere.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -94,6 +95,20 @@ def planned_manifest(root: Path, iteration: int | None) -> Manifest | None:
             return read_any_manifest(root / tag)
         except CorruptFileError:
             continue
+    return None
+
+
+def newest_good_iteration(root: Path) -> int | None:
+    """The newest checkpoint in `root` whose manifest reads and records a finite last loss
+    (or none: written before losses were recorded, or from weights alone); None when there is
+    none. Its files are verified when it is loaded."""
+    for iteration in reversed(saved_iterations(Path(root))):
+        try:
+            loss = read_manifest(Path(root) / tag_for(iteration)).client_state.get("last_loss")
+        except CorruptFileError:
+            continue
+        if loss is None or math.isfinite(loss):
+            return iteration
     return None
 
 

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from megatron.checkpointing.durable import discard_dir
+from megatron.checkpointing.locate import newest_good_iteration
 from megatron.checkpointing.layout import (DELETING_PREFIX, iteration_of, leftovers,
                                           saved_iterations, tag_for)
 from megatron.monitoring.logger import get_logger
@@ -24,9 +25,11 @@ def to_delete(iterations: list[int], keep_last: int | None, protect: set[int]) -
 
 def apply_retention(save_dir: Path, keep_last: int | None, latest_tag: str,
                     in_use: tuple[str, ...] = ()) -> list[int]:
-    """Delete old checkpoint directories beyond `keep_last`; never the one `latest` names nor
-    those in `in_use` (the checkpoint this process loaded: its files back mapped tensors)."""
+    """Delete old checkpoint directories beyond `keep_last`; never the one `latest` names, nor
+    those in `in_use` (the checkpoint this process loaded: its files back mapped tensors), nor
+    the newest one whose recorded loss is finite (what a rollback returns to)."""
     protect = {i for i in map(iteration_of, (latest_tag, *in_use)) if i is not None}
+    protect |= {i for i in [newest_good_iteration(save_dir)] if i is not None}
     removed = to_delete(saved_iterations(save_dir), keep_last, protect)
     for old in removed:
         tag = tag_for(old)

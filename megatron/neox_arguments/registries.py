@@ -76,6 +76,7 @@ REGISTRIES: dict[str, Registry] = {
         ),
         Registry("output_layer_parallelism", ("column",), ("row",)),
         Registry("lr_decay_style", ("constant", "linear", "cosine", "exponential"), ()),
+        Registry("bad_step_policy", ("skip", "stop", "rollback"), ()),
         Registry(
             "optimizer.type",
             ("Adam", "AdamW", "SGD"),

@@ -337,11 +337,15 @@ def _intervals(c: Config, world_size: int | None) -> Iterator[str]:
     yield from _at_least(c, 1, "lr_decay_iters", "eval_interval", "log_interval",
                          "steps_per_print", "exit_interval", "keep_last_n_checkpoints",
                          "maximum_tokens", "num_samples", "num_gpus", "omp_num_threads",
-                         "generation_batch_size", "eval_batch_size")
-    yield from _at_least(c, 0, "eval_iters", "num_workers", "iteration", "top_k",
+                         "generation_batch_size", "eval_batch_size", "loss_spike_window",
+                         "max_bad_steps")
+    yield from _at_least(c, 0, "max_rollbacks", "eval_iters", "num_workers", "iteration", "top_k",
                          "eval_num_fewshot", "temperature", "eval_bootstrap_iters")
     if not 0 <= c["seed"] < 2**32:
         yield f"seed({c['seed']}) must be in [0, 2**32)."
+    if c["loss_spike_factor"] is not None and c["loss_spike_factor"] <= 1:
+        yield (f"loss_spike_factor({c['loss_spike_factor']}) must be above 1 (a loss that many "
+               "times the recent mean is a spike), or null.")
     if not 0 <= c["top_p"] <= 1:
         yield f"top_p({c['top_p']}) must be in [0, 1]."
     if c["text_gen_type"] == "input-file" and not c["sample_input_file"]:

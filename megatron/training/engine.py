@@ -87,6 +87,7 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
         dist_init_required=False,
     )
     _record_fp32_grad_norm(engine)
+    _skip_nonfinite_steps(engine)
     is_pipeline = args.parallelism.pipe_parallel_size >= 1
     if is_pipeline:
         # the last element of the stage tuple is a bool mask: DeepSpeed must not expect its grad
@@ -112,6 +113,32 @@ def _record_fp32_grad_norm(engine) -> None:
                                                   engine.gradient_clipping(), engine.mpu)
 
     engine.clip_fp32_gradients = clip_and_record
+
+
+def _skip_nonfinite_steps(engine) -> None:
+    """DeepSpeed's overflow rule for the plain torch optimizer (fp32 without ZeRO): a step
+    whose gradients hold inf or NaN on any rank is not applied, and the engine counts it in
+    skipped_steps and leaves the LR schedule where it is. DeepSpeed's ZeRO, bf16 and fp16
+    optimizers (those with an `overflow` flag) skip such steps themselves."""
+    import torch
+    import torch.distributed as dist
+
+    optimizer = engine.optimizer
+    if optimizer is None or hasattr(optimizer, "overflow"):
+        return
+    step = optimizer.step
+
+    def checked_step(*args, **kwargs):
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        bad = torch.zeros(1)
+        if grads:
+            bad += ~torch.stack([torch.isfinite(g).all() for g in grads]).all()
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)  # every rank steps, or none
+        optimizer.overflow = bool(bad.item())
+        return None if optimizer.overflow else step(*args, **kwargs)
+
+    optimizer.overflow = False
+    optimizer.step = checked_step
 
 
 def clip_grad_norm(parameters, max_norm: float, mpu) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import time
@@ -12,6 +13,8 @@ import torch
 import torch.distributed as dist
 
 from megatron.checkpointing import load_checkpoint, save_checkpoint, should_save
+from megatron.checkpointing.layout import iteration_of, read_latest
+from megatron.checkpointing.locate import newest_good_iteration
 from megatron.checkpointing.model_shape import vocab_for_run
 from megatron.data.fingerprints import (check_datasets_unchanged, compare_fingerprints,
                                         dataset_fingerprints)
@@ -29,6 +32,7 @@ from megatron.training.engine import build_engine
 from megatron.training.flops import flops_per_token
 from megatron.training.step import eval_step, train_step
 from megatron.training.train_log import TrainLog
+from megatron.safety.guard import StepGuard, TrainingStopped, weights_finite
 
 log = get_logger(__name__)
 
@@ -42,11 +46,12 @@ class RunState:
     consumed_valid_samples: int = 0
     interval_losses: list = field(default_factory=list)
     data_fingerprints: dict = field(default_factory=dict)
+    last_loss: float | None = None  # of the last step, recorded in the manifest
 
     def client_state(self) -> dict:
         return {"consumed_train_samples": self.consumed_train_samples,
                 "consumed_valid_samples": self.consumed_valid_samples,
-                "data_fingerprints": self.data_fingerprints}
+                "data_fingerprints": self.data_fingerprints, "last_loss": self.last_loss}
 
 
 def set_seeds(seed: int) -> None:
@@ -184,14 +189,20 @@ def _train(args, engine, state: RunState, train_iter, valid_iter, train_log: Tra
            datasets: list) -> None:
     t, ck = args.training, args.checkpoint
     gbs = args.derived.train_batch_size
+    guard = StepGuard.from_args(t)
     saved_at = None
     interval_start = time.perf_counter()
     while state.iteration < t.train_iters:
         train_log.before_step(state.iteration + 1)
+        skipped = engine.engine.skipped_steps
         loss = train_step(engine, train_iter)
         state.iteration += 1
         state.consumed_train_samples += gbs
         state.interval_losses.append(loss)
+        state.last_loss = loss
+        verdict = guard.after_step(state.iteration, loss, engine.engine.skipped_steps > skipped)
+        if verdict.action != "ok" and _bad_step(args, engine, state, verdict):
+            continue  # rolled back: the iteration count is the checkpoint's again
         if train_log.is_logged(state.iteration):
             elapsed = time.perf_counter() - interval_start
             train_log.log(engine, state.iteration, state.interval_losses,
@@ -203,18 +214,70 @@ def _train(args, engine, state: RunState, train_iter, valid_iter, train_log: Tra
             interval_start = time.perf_counter()
         if ck.save and should_save(state.iteration, ck.checkpoint_factor, ck.checkpoint_scale,
                                    ck.extra_save_iters):
-            check_datasets_unchanged(*datasets)  # A16: the files did not change under us
-            save_checkpoint(engine, args.checkpoint, state.iteration, state.client_state())
-            saved_at = state.iteration
+            if _save_if_sound(args, engine, state, guard, datasets):
+                saved_at = state.iteration
             interval_start = time.perf_counter()
         if t.exit_interval and state.iteration % t.exit_interval == 0:
             print_rank_0(f"exiting at iteration {state.iteration} (exit_interval={t.exit_interval})")
             break
     if ck.save and saved_at != state.iteration and state.iteration > 0:
-        save_checkpoint(engine, args.checkpoint, state.iteration, state.client_state())
-    if ck.save:
-        print_rank_0(f"checkpoint of iteration {state.iteration}: "
-                     f"{os.path.abspath(ck.save)}/global_step{state.iteration}")
+        _save_if_sound(args, engine, state, guard, datasets)
+    latest = read_latest(ck.save) if ck.save else None
+    if latest:
+        print_rank_0(f"checkpoint of iteration {iteration_of(latest)}: "
+                     f"{os.path.abspath(ck.save)}/{latest}")
+
+
+def _bad_step(args, engine, state: RunState, verdict) -> bool:
+    """Act on the guard's verdict on a bad step: report it, stop the run (TrainingStopped), or
+    roll back to the newest good checkpoint (True) keeping the data position, so the batches
+    since that checkpoint are skipped."""
+    if verdict.action == "stop":
+        raise TrainingStopped(f"training stopped: {verdict.message}. {_last_good(args)}")
+    if verdict.action != "rollback":
+        if dist.get_rank() == 0:
+            log.warning("%s", verdict.message)
+        return False
+    root = args.checkpoint.save
+    good = newest_good_iteration(root) if root else None
+    if good is None:
+        raise TrainingStopped(f"training stopped: {verdict.message}; bad_step_policy is rollback "
+                              "but there is no good checkpoint to roll back to")
+    consumed = state.consumed_train_samples, state.consumed_valid_samples
+    section = dataclasses.replace(args.checkpoint, load=root, iteration=good, finetune=False,
+                                  no_load_optim=False, no_load_rng=False)
+    load_checkpoint(engine, section)
+    skipped = state.iteration - good
+    state.iteration = good
+    state.consumed_train_samples, state.consumed_valid_samples = consumed
+    state.interval_losses.clear()
+    if dist.get_rank() == 0:
+        log.warning("%s; rolled back to %s/global_step%d, skipping the %d batches since",
+                    verdict.message, root, good, skipped)
+    return True
+
+
+def _save_if_sound(args, engine, state: RunState, guard, datasets: list) -> bool:
+    """Save unless the last step was bad or a weight is not finite: `latest` never moves to a
+    checkpoint that could not be resumed usefully. Collective."""
+    why = None if guard.healthy else f"the last step was bad ({guard.problem})"
+    if why is None and not weights_finite(engine):
+        why = "a weight is inf or NaN"
+    if why is not None:
+        if dist.get_rank() == 0:
+            log.warning("not saving a checkpoint at iteration %d: %s; %s", state.iteration, why,
+                        _last_good(args))
+        return False
+    check_datasets_unchanged(*datasets)  # A16: the files did not change under us
+    save_checkpoint(engine, args.checkpoint, state.iteration, state.client_state())
+    return True
+
+
+def _last_good(args) -> str:
+    root = args.checkpoint.save
+    good = newest_good_iteration(root) if root else None
+    return (f"the newest good checkpoint is {root}/global_step{good}" if good is not None
+            else "no good checkpoint was saved")
 
 
 def _evaluate(args, engine, state: RunState, valid_iter, tracker) -> None:

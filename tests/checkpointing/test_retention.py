@@ -40,3 +40,25 @@ def test_leftovers_of_interrupted_saves_are_removed_and_checkpoints_kept(tmp_pat
     (tmp_path / "latest").write_text("global_step4")
     assert len(remove_leftovers(tmp_path)) == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step4", "latest"]
+
+
+def _with_loss(root, iteration: int, loss) -> None:
+    from megatron.checkpointing.manifest import Manifest, write_manifest
+
+    step = root / f"global_step{iteration}"
+    step.mkdir()
+    write_manifest(step, Manifest(iteration=iteration, tag=step.name, run={}, contents={},
+                                  client_state={"iteration": iteration, "last_loss": loss},
+                                  config={}, files={}))
+
+
+def test_the_newest_checkpoint_with_a_finite_loss_is_never_deleted(tmp_path):
+    """A checkpoint whose recorded loss is not finite (written before the guard existed) never
+    costs the run its last good one: a rollback returns there."""
+    from megatron.checkpointing.locate import newest_good_iteration
+
+    for i, loss in ((2, 5.0), (4, 4.0), (6, float("nan")), (8, float("inf"))):
+        _with_loss(tmp_path, i, loss)
+    assert newest_good_iteration(tmp_path) == 4
+    assert apply_retention(tmp_path, 1, "global_step8") == [2, 6]
+    assert saved_iterations(tmp_path) == [4, 8]

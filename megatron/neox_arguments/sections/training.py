@@ -34,3 +34,20 @@ class TrainingArgs:
     exit_interval: int | None = option(
         None, "Stop training after an iteration divisible by this (null: run to train_iters)."
     )
+    bad_step_policy: str = option(
+        "skip",
+        "A step with a non-finite loss or gradient (or a loss spike): skip (not applied; the run "
+        "stops after max_bad_steps in a row), stop, or rollback (to the newest good checkpoint, "
+        "skipping the batches since).",
+    )
+    loss_spike_factor: float | None = option(
+        None, "A loss above this factor times the mean of the last loss_spike_window good "
+        "losses is a bad step (null: spikes are not checked)."
+    )
+    loss_spike_window: int = option(100, "Good steps whose mean loss_spike_factor compares with.")
+    max_bad_steps: int = option(
+        10, "Bad steps in a row bad_step_policy skip tolerates before the run stops."
+    )
+    max_rollbacks: int = option(
+        3, "Rollbacks bad_step_policy rollback makes before the run stops."
+    )
