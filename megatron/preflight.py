@@ -2,7 +2,8 @@
 
     preflight(args, "train.py")   # ValueError naming the key / file and what to do
 
-For train.py and tools/ckpts/reshard.py, the tokenizer's files load. For train.py, every data
+For train.py and tools/ckpts/reshard.py, the tokenizer's files load and no live run holds the
+save directory (megatron.safety.lock). For train.py, every data
 prefix has its `.bin`/`.idx` pair with a readable header (named with its config key), and fp16
 is asked for only where a local launch has CUDA (training.engine.check_precision_supported).
 
@@ -33,6 +34,9 @@ def preflight(args, script: str) -> None:
 
     if name == "train.py":
         _check_training_inputs(args)
+    from megatron.safety.lock import check_free
+
+    check_free(args.checkpoint.save)  # another live run writes there
     tok = args.tokenizer
     tokenizer = build_tokenizer(tok.tokenizer_type, tok.vocab_file, tok.merge_file)
     ck = args.checkpoint

@@ -33,6 +33,7 @@ from megatron.training.flops import flops_per_token
 from megatron.training.step import eval_step, train_step
 from megatron.training.train_log import TrainLog
 from megatron.safety.guard import StepGuard, TrainingStopped, weights_finite
+from megatron.safety.lock import run_lock
 
 log = get_logger(__name__)
 
@@ -65,7 +66,8 @@ def pretrain(args) -> RunState:
     init_distributed(args.parallelism.distributed_backend,
                      args.launcher.distributed_timeout_minutes, args.launcher)
     try:
-        return _pretrain(args.with_world_size(dist.get_world_size()))
+        with run_lock(args.checkpoint.save):  # one run per save directory
+            return _pretrain(args.with_world_size(dist.get_world_size()))
     finally:
         destroy_distributed()
 

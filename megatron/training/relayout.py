@@ -38,11 +38,14 @@ def reshard(args) -> Path:
 def _reshard(args) -> Path:
     from megatron.training.loop import setup_engine
 
-    engine = setup_engine(args)[0]
-    resumed = load_checkpoint(engine, args.checkpoint)
-    if not resumed:
-        raise FileNotFoundError(f"no checkpoint to reshard in {args.checkpoint.load}")
-    iteration = int(resumed.pop("iteration"))
-    saved = save_checkpoint(engine, args.checkpoint, iteration, resumed)
-    dist.barrier()  # leave the process group together: no rank tears it down under another
+    from megatron.safety.lock import run_lock
+
+    with run_lock(args.checkpoint.save):
+        engine = setup_engine(args)[0]
+        resumed = load_checkpoint(engine, args.checkpoint)
+        if not resumed:
+            raise FileNotFoundError(f"no checkpoint to reshard in {args.checkpoint.load}")
+        iteration = int(resumed.pop("iteration"))
+        saved = save_checkpoint(engine, args.checkpoint, iteration, resumed)
+        dist.barrier()  # leave the process group together: no rank tears it down under another
     return saved
