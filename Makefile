@@ -23,7 +23,7 @@ $(VENV)/.installed: $(REQS) | venv
 	@touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) install -q --no-build-isolation -e ".[dev,tensorboard,wandb,hf,eval,mpi]"
+	$(PIP) install -q --no-build-isolation -e ".[dev,tensorboard,wandb,comet,hf,eval,mpi]"
 	@$(MAKE) --no-print-directory check-install
 	@touch $@
 

@@ -2,6 +2,9 @@
 
     preflight(args, "train.py")   # ValueError naming the key / file and what to do
 
+For train.py and eval.py, the package of every tracker the config asks for (TensorBoard, wandb,
+Comet) is installed (monitoring.trackers.check_trackers_installed).
+
 For train.py and tools/ckpts/reshard.py, the tokenizer's files load and no live run holds the
 save directory (megatron.safety.lock). For train.py, every data
 prefix has its `.bin`/`.idx` pair with a readable header (named with its config key), and fp16
@@ -22,12 +25,17 @@ from __future__ import annotations
 from pathlib import Path
 
 LOADING_SCRIPTS = ("train.py", "reshard.py")
+TRACKING_SCRIPTS = ("train.py", "eval.py")
 
 
 def preflight(args, script: str) -> None:
-    """Raise ValueError / FileNotFoundError for what would make `script`'s workers fail at
-    start-up."""
+    """Raise ValueError / FileNotFoundError / RuntimeError for what would make `script`'s
+    workers fail at start-up."""
     name = Path(script).name
+    if name in TRACKING_SCRIPTS:
+        from megatron.monitoring.trackers import check_trackers_installed
+
+        check_trackers_installed(args)
     if name not in LOADING_SCRIPTS:
         return
     from megatron.tokenizer import build_tokenizer

@@ -4,8 +4,8 @@ Every rank runs `run_evaluation(args)`; global rank 0 writes `{eval_results_pref
 <YYYY-MM-DD-HH-MM-SS>.json` (`eval_results_<date>.json` without a prefix; the prefix may hold
 directories): lm-eval's result dict ("results", "versions", "n-shot", "configs", "config", ...)
 plus "checkpoint" (directory, iteration, model_parallel_size, replicas). The metrics also go to
-the run's trackers (metrics.jsonl in log_dir, TensorBoard, wandb) as `eval/<task>/<metric>` at
-the checkpoint's iteration, and lm-eval's table is printed.
+the run's trackers (metrics.jsonl in log_dir, TensorBoard, wandb, Comet) as
+`eval/<task>/<metric>` at the checkpoint's iteration, and lm-eval's table is printed.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""Where training metrics go: the console, `<log_dir>/metrics.jsonl`, TensorBoard, wandb.
+"""Where training metrics go: the console, `<log_dir>/metrics.jsonl`, TensorBoard, wandb, Comet.
 
-Only the rank that owns the logged values (global rank 0) writes. Optional trackers that are
-configured but not installed fail with the install command (A7); wandb without credentials logs
-offline and says so (A2).
+Only the rank that owns the logged values (global rank 0) writes, and every sink gets the same
+metric names. Optional trackers that are configured but not installed fail with the install
+command, before any worker starts (`check_trackers_installed`, A7); wandb and Comet without
+credentials log offline and say so (A2).
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ class MetricsTracker:
     """Fan one dict of metrics per log step out to every configured sink."""
 
     def __init__(self, log_dir: str | None, tensorboard_dir: str | None, wandb_cfg: dict | None,
-                 run_config: dict, enabled: bool):
+                 run_config: dict, enabled: bool, comet_cfg: dict | None = None):
         self.enabled = enabled
         self._jsonl = None
         self._tb = None
         self._wandb = None
+        self._comet = None
         if not enabled:
             return
         if log_dir:
@@ -46,17 +48,24 @@ class MetricsTracker:
             self._tb = _open_tensorboard(tensorboard_dir)
         if wandb_cfg is not None:
             self._wandb = _open_wandb(wandb_cfg, run_config)
+        if comet_cfg is not None:
+            self._comet = _open_comet(comet_cfg, run_config)
 
     @classmethod
     def from_args(cls, args, enabled: bool) -> "MetricsTracker":
         """The trackers the run config's logging section asks for."""
         lg = args.logging
-        wandb_cfg = None
+        wandb_cfg = comet_cfg = None
         if wandb_enabled(lg.use_wandb, lg.wandb_host):
             wandb_cfg = {"project": lg.wandb_project, "group": lg.wandb_group,
                          "team": lg.wandb_team, "run_name": lg.wandb_run_name, "dir": lg.log_dir,
                          "host": lg.wandb_host}
-        return cls(lg.log_dir, lg.tensorboard_dir, wandb_cfg, args.to_dict(), enabled=enabled)
+        if lg.use_comet:
+            comet_cfg = {"workspace": lg.comet_workspace, "project": lg.comet_project,
+                         "name": lg.comet_experiment_name, "tags": lg.comet_tags,
+                         "others": lg.comet_others, "log_dir": lg.log_dir}
+        return cls(lg.log_dir, lg.tensorboard_dir, wandb_cfg, args.to_dict(), enabled=enabled,
+                   comet_cfg=comet_cfg)
 
     def log(self, metrics: dict, step: int, console: str | None = None) -> None:
         """Record `metrics` at iteration `step`; `console` is the human line printed with them."""
@@ -68,13 +77,15 @@ class MetricsTracker:
         if self._jsonl is not None:
             self._jsonl.write(json.dumps(record) + "\n")
             self._jsonl.flush()
+        numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
         if self._tb is not None:
-            for key, value in metrics.items():
-                if isinstance(value, (int, float)):
-                    self._tb.add_scalar(key, value, step)
+            for key, value in numbers.items():
+                self._tb.add_scalar(key, value, step)
             self._tb.flush()
         if self._wandb is not None:
-            self._wandb.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+            self._wandb.log(numbers, step=step)
+        if self._comet is not None:
+            self._comet.log_metrics(numbers, step=step)
 
     def close(self) -> None:
         if self._jsonl is not None:
@@ -83,15 +94,43 @@ class MetricsTracker:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+        if self._comet is not None:
+            self._comet.end()  # offline: writes the archive and says where
+
+
+# tracker -> (module it needs, its extra in requirements/, what asks for it, how to stop asking)
+OPTIONAL_PACKAGES = {
+    "tensorboard": ("tensorboard", "tensorboard", "tensorboard_dir is set", "unset tensorboard_dir"),
+    "wandb": ("wandb", "wandb", "use_wandb is on", "set use_wandb: false"),
+    "comet": ("comet_ml", "comet", "use_comet is on", "set use_comet: false"),
+}
+
+
+def not_installed(tracker: str) -> RuntimeError:
+    """The error for a configured tracker whose package is missing, with the install command."""
+    module, extra, asked, off = OPTIONAL_PACKAGES[tracker]
+    return RuntimeError(f"{asked} but {module} is not installed: pip install -r "
+                        f"requirements/requirements-{extra}.txt, or {off}")
+
+
+def check_trackers_installed(args) -> None:
+    """RuntimeError naming the first tracker the config asks for whose package is missing (A7);
+    deepy.py runs it before starting workers."""
+    import importlib.util
+
+    lg = args.logging
+    asked = {"tensorboard": bool(lg.tensorboard_dir), "comet": bool(lg.use_comet),
+             "wandb": bool(lg.use_wandb)}  # null: on only where wandb is installed
+    for tracker, on in asked.items():
+        if on and importlib.util.find_spec(OPTIONAL_PACKAGES[tracker][0]) is None:
+            raise not_installed(tracker)
 
 
 def _open_tensorboard(tensorboard_dir: str):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        raise RuntimeError("tensorboard_dir is set but tensorboard is not installed: "
-                           "pip install -r requirements/requirements-tensorboard.txt, or unset "
-                           "tensorboard_dir") from None
+        raise not_installed("tensorboard") from None
     return SummaryWriter(log_dir=tensorboard_dir)
 
 
@@ -133,9 +172,7 @@ def _open_wandb(cfg: dict, run_config: dict):
     try:
         import wandb
     except ImportError:
-        raise RuntimeError("use_wandb is on but wandb is not installed: "
-                           "pip install -r requirements/requirements-wandb.txt, or set "
-                           "use_wandb: false") from None
+        raise not_installed("wandb") from None
     host = wandb_server(cfg.get("host") or DEFAULT_WANDB_HOST)
     from_env = os.environ.get("WANDB_BASE_URL")
     if from_env and from_env != host:
@@ -149,3 +186,49 @@ def _open_wandb(cfg: dict, run_config: dict):
     return wandb.init(project=cfg.get("project"), group=cfg.get("group"), entity=cfg.get("team"),
                       name=cfg.get("run_name"), dir=cfg.get("dir"), config=run_config,
                       mode=mode, reinit=True, settings=wandb.Settings(base_url=host))
+
+
+def _open_comet(cfg: dict, run_config: dict):
+    """A Comet experiment as GPT-NeoX starts it (workspace, project, name, tags, `others`, the
+    run config as parameters); offline into `<log_dir>/comet` when no API key reaches this
+    worker and COMET_START_ONLINE does not decide."""
+    # unless asked for: no framework auto-logging (it patches torch, and works only when
+    # imported before it; the metrics are logged here), no error reports sent to Comet
+    os.environ.setdefault("COMET_DISABLE_AUTO_LOGGING", "1")
+    os.environ.setdefault("COMET_ERROR_TRACKING_ENABLE", "false")
+    try:
+        import comet_ml
+        from comet_ml.config import get_api_key, get_config
+    except ImportError:
+        raise not_installed("comet") from None
+    config = get_config()
+    directory = _comet_offline_directory(config, cfg.get("log_dir"))
+    online = None  # comet's own settings decide (COMET_START_ONLINE, ~/.comet.config)
+    if config.get_bool(None, "comet.start.online") is None and not get_api_key(None, config):
+        log.warning("use_comet is on but no Comet API key reached this worker (COMET_API_KEY "
+                    "unset, none in ~/.comet.config): logging offline to %s; upload later with "
+                    "`comet upload %s/<archive>.zip`", directory, directory)
+        online = False
+    experiment = comet_ml.start(
+        workspace=cfg.get("workspace"), project=cfg.get("project"), online=online,
+        experiment_config=comet_ml.ExperimentConfig(
+            auto_output_logging=False,  # as GPT-NeoX: the console is not captured
+            parse_args=False,  # the worker's command line is the encoded config, logged below
+            # no closing summary of every parameter unless COMET_DISPLAY_SUMMARY_LEVEL asks
+            display_summary_level=config.get_int(None, "comet.display_summary_level", default=0),
+            name=cfg.get("name"), tags=cfg.get("tags"), offline_directory=directory))
+    experiment.log_parameters(run_config)
+    if cfg.get("others"):
+        experiment.log_others(cfg["others"])
+    return experiment
+
+
+def _comet_offline_directory(config, log_dir: str | None) -> str:
+    """Where an offline experiment's archive goes: the directory Comet's own settings name
+    (COMET_OFFLINE_DIRECTORY, ~/.comet.config), else `<log_dir>/comet`, else Comet's default."""
+    from comet_ml.config import DEFAULT_OFFLINE_DATA_DIRECTORY
+
+    configured = os.path.expanduser(config["comet.offline_directory"])
+    if log_dir and configured == DEFAULT_OFFLINE_DATA_DIRECTORY:
+        return str(Path(log_dir) / "comet")
+    return configured

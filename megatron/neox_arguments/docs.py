@@ -97,7 +97,7 @@ def _neox_section() -> str:
         f"Renamed (accepted with a warning naming the new key): {renamed}.\n\n"
         "The keys below are accepted only at GPT-NeoX's default value, shown with each key: it "
         "changes nothing, so it is dropped silently. Any other value is refused. A switch "
-        "whose default is `false` is also accepted as `null`, and `use_comet` as `false`.\n\n"
+        "whose default is `false` is also accepted as `null`.\n\n"
         f"Computed at run time here: {runtime}.\n\n"
         "Not implemented yet (DeepSpeed-only entries can go inside `deepspeed_extra_args`): "
         f"{nyi}.\n"

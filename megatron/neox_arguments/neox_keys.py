@@ -5,7 +5,7 @@ renamed key (accepted with a warning naming the new one), a value GPT-NeoX compu
 (`RUNTIME_KEYS`), or an option not implemented here (`NOT_YET_IMPLEMENTED`). A key of the last
 two kinds is accepted only at GPT-NeoX's default value (`NEOX_DEFAULTS`): that changes nothing,
 so it is dropped silently and never stored. Any other value is refused with the reason. A switch
-whose default is false is also off when null, and `use_comet` (default null) when false.
+whose default is false is also off when null.
 
 `NEOX_DEFAULTS` was generated once from the dataclass defaults in GPT-NeoX's
 megatron/neox_arguments/neox_args.py and deepspeed_args.py at commit
@@ -104,8 +104,7 @@ NOT_YET_IMPLEMENTED: frozenset[str] = frozenset({
     # checkpoints
     "s3_path", "s3_chunk_size", "checkpoint_validation_with_forward_pass",
     # logging and profiling
-    "wandb_init_all_ranks", "use_comet", "comet_workspace", "comet_project",
-    "comet_experiment_name", "comet_tags", "comet_others", "log_grad_pct_zeros",
+    "wandb_init_all_ranks", "log_grad_pct_zeros",
     "log_param_norm", "log_optimizer_states", "log_gradient_noise_scale",
     "gradient_noise_scale_n_batches", "gradient_noise_scale_cpu_offload", "memory_profiling",
     "memory_profiling_path", "profile", "profile_step_start", "profile_step_stop",
@@ -130,11 +129,6 @@ NEOX_DEFAULTS: dict[str, Any] = {
     "checkpoint": None,
     "checkpoint_validation_with_forward_pass": False,
     "comet_experiment": None,
-    "comet_experiment_name": None,
-    "comet_others": None,
-    "comet_project": None,
-    "comet_tags": None,
-    "comet_workspace": None,
     "comms_logger": None,
     "communication_data_type": None,
     "compression_training": None,
@@ -271,7 +265,6 @@ NEOX_DEFAULTS: dict[str, Any] = {
     "train_label_data_paths": None,
     "train_reward_data_paths": None,
     "use_bnb_optimizer": False,
-    "use_comet": None,
     "use_cpu_initialization": False,
     "use_flashattn_swiglu": False,
     "use_mup": False,
@@ -291,9 +284,6 @@ NEOX_DEFAULTS: dict[str, Any] = {
     "zero_reduce_scatter": None,
     "zero_stage": None,
 }
-
-# Switches GPT-NeoX leaves null by default; false switches them off as well.
-NULL_SWITCHES = frozenset({"use_comet"})
 
 
 def show(value: Any) -> str:
@@ -328,7 +318,7 @@ def is_neox_default(key: str, value: Any) -> bool:
     if key not in NEOX_DEFAULTS:
         return False
     default = NEOX_DEFAULTS[key]
-    if key in NOT_YET_IMPLEMENTED and (default is False or key in NULL_SWITCHES):
+    if key in NOT_YET_IMPLEMENTED and default is False:
         return value is None or value is False  # a switch left off
     return same_value(value, default)
 

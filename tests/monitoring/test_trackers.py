@@ -1,16 +1,20 @@
 """wandb_host: the credentials looked up for it, and the server wandb is started with (offline,
-see tests/conftest.py: no network is contacted)."""
+see tests/conftest.py: no network is contacted). Comet's own offline settings, and a tracker
+package that is missing (a run with Comet: tests/e2e/test_comet.py)."""
 
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 
 from megatron.monitoring.trackers import (DEFAULT_WANDB_HOST, MetricsTracker, wandb_enabled,
                                           wandb_has_credentials, wandb_server)
 from megatron.neox_arguments import NeoXArgs
+from megatron.preflight import preflight
 from tests.logs import Warnings
+from tests.monitoring.comet_archive import read_comet_archive
 from tests.runs import ROOT
 
 HOST = "https://wandb.example.test"
@@ -93,3 +97,50 @@ def test_wandb_runs_against_the_configured_host(tmp_path, netrc, monkeypatch, wa
         tracker.close()
     assert warnings == [f"WANDB_BASE_URL=https://env.example.test is ignored: wandb_host is set "
                         f"to {HOST}"]
+
+
+@pytest.fixture
+def no_comet_key(tmp_path, monkeypatch):
+    """No Comet API key anywhere: none in the environment, a HOME without ~/.comet.config."""
+    for name in ("COMET_API_KEY", "COMET_START_ONLINE", "COMET_OFFLINE_DIRECTORY", "COMET_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("COMET_DISABLE_AUTO_LOGGING", "1")  # as the tracker sets them
+    monkeypatch.setenv("COMET_ERROR_TRACKING_ENABLE", "false")
+
+
+def test_comet_own_offline_settings_are_kept(tmp_path, no_comet_key, monkeypatch, warnings):
+    # COMET_START_ONLINE=false asks for offline: no warning; COMET_OFFLINE_DIRECTORY wins over
+    # log_dir/comet
+    monkeypatch.setenv("COMET_START_ONLINE", "false")
+    monkeypatch.setenv("COMET_OFFLINE_DIRECTORY", str(tmp_path / "archives"))
+    args = NeoXArgs.from_ymls([ROOT / "configs" / "tiny.yml"],
+                              {"use_comet": True, "comet_project": "p",
+                               "log_dir": str(tmp_path / "logs")})
+    tracker = MetricsTracker.from_args(args, enabled=True)
+    try:
+        tracker.log({"lm_loss": 2.5, "note": "not a number"}, step=3)
+    finally:
+        tracker.close()
+    assert not warnings
+    assert not (tmp_path / "logs" / "comet").exists()
+    archive = read_comet_archive(tmp_path / "archives")
+    assert archive.experiment["project_name"] == "p" and archive.metrics["lm_loss"] == {3: 2.5}
+    assert "note" not in archive.metrics
+
+
+def test_a_missing_tracker_package_is_refused_before_workers_start(monkeypatch):
+    monkeypatch.setitem(sys.modules, "comet_ml", None)  # import fails, find_spec finds nothing
+    args = NeoXArgs.from_ymls([ROOT / "configs" / "tiny.yml"], {"use_comet": True})
+    message = ("use_comet is on but comet_ml is not installed: pip install -r "
+               "requirements/requirements-comet.txt, or set use_comet: false")
+    for script in ("train.py", "eval.py"):
+        with pytest.raises(RuntimeError) as err:
+            preflight(args, script)
+        assert str(err.value) == message
+    with pytest.raises(RuntimeError) as err:  # a worker started without deepy.py says the same
+        MetricsTracker.from_args(args, enabled=True)
+    assert str(err.value) == message
+    off = NeoXArgs.from_ymls([ROOT / "configs" / "tiny.yml"], {"use_comet": False})
+    preflight(off, "eval.py")
+    assert MetricsTracker.from_args(off, enabled=True)._comet is None

@@ -31,6 +31,16 @@ def test_slurm_config_loads_without_the_allocation():
     assert (la.launcher, la.deepspeed_slurm, la.comment, la.hostfile) == ("slurm", True, "neox", None)
 
 
+def test_comet_setup_loads_on_the_125m_model():
+    # GPT-NeoX merges local_setup*.yml after a model config; `{"test_others"}` is a YAML
+    # mapping whose one key has no value (a run with it: tests/e2e/test_comet.py)
+    lg = NeoXArgs.from_ymls([NEOX / "125M.yml", NEOX / "local_setup_comet.yml"]).logging
+    assert (lg.use_comet, lg.comet_workspace, lg.comet_project, lg.comet_experiment_name) == (
+        True, None, "test_project", "test_experiment")
+    assert lg.comet_tags == ["test_tag1", "test_tag2"] and lg.comet_others == {"test_others": None}
+    assert (lg.tensorboard_dir, lg.log_dir) == ("tensorboard", "logs")
+
+
 def test_llemma_7b_is_refused_only_for_keys_gpt_neox_does_not_define():
     with pytest.raises(ConfigError, match="Unknown config key 'decay_lr_to'"):
         NeoXArgs.from_ymls([NEOX / "llemma/7B.yml"])

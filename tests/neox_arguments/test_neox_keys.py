@@ -69,7 +69,7 @@ def test_deepspeed_entry_off_its_default_points_to_deepspeed_extra_args():
 
 
 def test_switches_accept_either_spelling_of_off(tiny):
-    assert NeoXArgs.from_ymls([TINY], {"use_mup": None, "use_comet": False}) == tiny
+    assert NeoXArgs.from_ymls([TINY], {"use_mup": None, "use_bnb_optimizer": False}) == tiny
     with pytest.raises(ConfigError, match="'allow_chopped' .* set to null"):
         NeoXArgs.from_ymls([TINY], {"allow_chopped": None})
 
@@ -100,3 +100,17 @@ def test_neox_logging_keys_are_fields_with_neox_defaults(tiny):
         989.0, True, "https://wandb.example.test")
     assert not {"peak_theoretical_tflops", "log_grad_norm", "wandb_host"} & (
         NOT_YET_IMPLEMENTED | set(NEOX_DEFAULTS))
+
+
+def test_comet_keys_are_fields_and_the_experiment_object_is_not_config(tiny):
+    """GPT-NeoX's comet keys are logging fields, at its defaults (off); `comet_experiment` is
+    the object GPT-NeoX creates during training, so only its default (null) is accepted."""
+    keys = ("use_comet", "comet_workspace", "comet_project", "comet_experiment_name",
+            "comet_tags", "comet_others")
+    assert [getattr(tiny.logging, k) for k in keys] == [None] * len(keys)
+    assert not set(keys) & (NOT_YET_IMPLEMENTED | set(NEOX_DEFAULTS))
+    lg = NeoXArgs.from_ymls([TINY], ["use_comet=true", "comet-tags=one"]).logging
+    assert lg.use_comet is True and lg.comet_tags == ["one"]
+    with pytest.raises(ConfigError, match="'comet_experiment' .* only GPT-NeoX's default "
+                                          "\\(null"):
+        NeoXArgs.from_ymls([TINY], {"comet_experiment": "abc"})

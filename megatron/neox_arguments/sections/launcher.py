@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from ..fields import option
 
-DEFAULT_EXPORT_ENV_VARS = ["WANDB_API_KEY", "WANDB_MODE", "HF_TOKEN", "HF_HOME", "PYTHONPATH"]
+DEFAULT_EXPORT_ENV_VARS = ["WANDB_API_KEY", "WANDB_MODE", "COMET_API_KEY", "HF_TOKEN", "HF_HOME",
+                           "PYTHONPATH"]
 # GPT-NeoX's and DeepSpeed's rendezvous port: every node of a multi-node job must agree on it.
 MULTI_NODE_MASTER_PORT = 29500
 # Launchers that start workers through an MPI library and set its rank variables.

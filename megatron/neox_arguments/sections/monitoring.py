@@ -1,4 +1,4 @@
-"""The logging section: log files, intervals, TensorBoard and Weights & Biases."""
+"""The logging section: log files, intervals, TensorBoard, Weights & Biases and Comet."""
 
 from __future__ import annotations
 
@@ -30,6 +30,24 @@ class LoggingArgs:
     )
     wandb_run_name: str | None = option(
         None, "Weights & Biases run name (null: W&B picks one)."
+    )
+    use_comet: bool | None = option(
+        None, "Log metrics to a Comet experiment: true; false or null (GPT-NeoX's default) for "
+        "off. Offline (an archive under log_dir/comet) when no COMET_API_KEY or ~/.comet.config "
+        "key reaches the worker."
+    )
+    comet_workspace: str | None = option(
+        None, "Comet workspace (null: the API key's default workspace)."
+    )
+    comet_project: str | None = option(
+        None, "Comet project (null: Comet's Uncategorized Experiments)."
+    )
+    comet_experiment_name: str | None = option(
+        None, "Comet experiment name (null: Comet picks one)."
+    )
+    comet_tags: list[str] | None = option(None, "Tags attached to the Comet experiment.")
+    comet_others: dict | None = option(
+        None, "Metadata attached to the Comet experiment as its 'others' (key: value)."
     )
     wall_clock_breakdown: bool = option(
         False, "Time forward, backward and optimizer step separately (DeepSpeed)."
