@@ -13,6 +13,7 @@ import sys
 from typing import Callable
 
 from megatron.monitoring.logger import setup_logging
+from megatron.safety.signals import Preempted
 
 USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError, PermissionError)
 
@@ -100,6 +101,10 @@ def run_entry(main: Callable[[], int | None]) -> int:
     setup_logging()
     try:
         return int(main() or 0)
+    except Preempted as stop:
+        if os.environ.get("RANK", "0") == "0":
+            print(str(stop), file=sys.stderr, flush=True)
+        return stop.exit_status
     except USER_ERRORS as err:
         if os.environ.get("NEOX_TRACEBACK") == "1":
             raise

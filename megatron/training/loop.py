@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import signal
 import time
 from dataclasses import dataclass, field
 
@@ -34,6 +35,7 @@ from megatron.training.step import eval_step, train_step
 from megatron.training.train_log import TrainLog
 from megatron.safety.guard import StepGuard, TrainingStopped, weights_finite
 from megatron.safety.lock import run_lock
+from megatron.safety.signals import Preempted, StopSignals
 
 log = get_logger(__name__)
 
@@ -189,9 +191,25 @@ def check_ranks_agree(state: RunState) -> None:
 
 def _train(args, engine, state: RunState, train_iter, valid_iter, train_log: TrainLog,
            datasets: list) -> None:
+    ck = args.checkpoint
+    guard = StepGuard.from_args(args.training)
+    with StopSignals() as stops:
+        saved_at = _train_steps(args, engine, state, train_iter, valid_iter, train_log, datasets,
+                                guard, stops)
+    if ck.save and saved_at != state.iteration and state.iteration > 0:
+        _save_if_sound(args, engine, state, guard, datasets)
+    latest = read_latest(ck.save) if ck.save else None
+    if latest:
+        print_rank_0(f"checkpoint of iteration {iteration_of(latest)}: "
+                     f"{os.path.abspath(ck.save)}/{latest}")
+
+
+def _train_steps(args, engine, state: RunState, train_iter, valid_iter, train_log: TrainLog,
+                 datasets: list, guard: StepGuard, stops: StopSignals) -> int | None:
+    """Train to train_iters (or exit_interval); returns the iteration last saved. A signal
+    ends it after the step with a checkpoint (Preempted)."""
     t, ck = args.training, args.checkpoint
     gbs = args.derived.train_batch_size
-    guard = StepGuard.from_args(t)
     saved_at = None
     interval_start = time.perf_counter()
     while state.iteration < t.train_iters:
@@ -222,12 +240,24 @@ def _train(args, engine, state: RunState, train_iter, valid_iter, train_log: Tra
         if t.exit_interval and state.iteration % t.exit_interval == 0:
             print_rank_0(f"exiting at iteration {state.iteration} (exit_interval={t.exit_interval})")
             break
-    if ck.save and saved_at != state.iteration and state.iteration > 0:
+        signum = stops.agreed()
+        if signum:
+            _stop_on_signal(args, engine, state, guard, datasets, signum, saved_at)
+    return saved_at
+
+
+def _stop_on_signal(args, engine, state: RunState, guard, datasets, signum: int,
+                    saved_at: int | None) -> None:
+    """Save (save_on_signal) and raise Preempted naming the iteration and the checkpoint."""
+    ck = args.checkpoint
+    if ck.save and ck.save_on_signal and saved_at != state.iteration:
         _save_if_sound(args, engine, state, guard, datasets)
     latest = read_latest(ck.save) if ck.save else None
-    if latest:
-        print_rank_0(f"checkpoint of iteration {iteration_of(latest)}: "
-                     f"{os.path.abspath(ck.save)}/{latest}")
+    where = (f"checkpoint {os.path.abspath(ck.save)}/{latest}" if latest
+             else "no checkpoint saved")
+    name = signal.Signals(signum).name
+    raise Preempted(signum, f"{'interrupted' if name == 'SIGINT' else 'preempted'} ({name}) at "
+                            f"iteration {state.iteration}; {where}")
 
 
 def _bad_step(args, engine, state: RunState, verdict) -> bool:

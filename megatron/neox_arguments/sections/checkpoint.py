@@ -43,3 +43,7 @@ class CheckpointArgs:
         "Resume even though the token files differ from those the checkpoint was trained on "
         "(their content fingerprints are stored in every checkpoint).",
     )
+    save_on_signal: bool = option(
+        True, "On SIGTERM (preemption) or Ctrl-C, finish the step and save a checkpoint before "
+        "exiting (false: exit after the step without saving)."
+    )
