@@ -17,6 +17,7 @@ from megatron.data.fingerprints import (check_datasets_unchanged, compare_finger
                                         dataset_fingerprints)
 from megatron.model.config import model_config_from_args
 from megatron.monitoring.logger import get_logger, print_rank_0
+from megatron.monitoring.profiler import StepProfiler
 from megatron.monitoring.trackers import MetricsTracker
 from megatron.mpu.groups import ProcessGroups
 from megatron.mpu.initialize import destroy_distributed, init_distributed
@@ -132,9 +133,11 @@ def _pretrain(args) -> RunState:
                  f"{state.iteration} to {args.training.train_iters}")
     train_log = TrainLog(args, engine, tracker,
                          flops_per_token(model_config, args.model.seq_length))
+    profiler = StepProfiler.from_args(args, engine, state.iteration)
     try:
-        _train(args, engine, state, train_iter, valid_iter, train_log, datasets)
+        _train(args, engine, state, train_iter, valid_iter, train_log, datasets, profiler)
     finally:
+        profiler.close()
         tracker.close()
     return state
 
@@ -181,14 +184,15 @@ def check_ranks_agree(state: RunState) -> None:
 
 
 def _train(args, engine, state: RunState, train_iter, valid_iter, train_log: TrainLog,
-           datasets: list) -> None:
+           datasets: list, profiler: StepProfiler) -> None:
     t, ck = args.training, args.checkpoint
     gbs = args.derived.train_batch_size
     saved_at = None
     interval_start = time.perf_counter()
     while state.iteration < t.train_iters:
         train_log.before_step(state.iteration + 1)
-        loss = train_step(engine, train_iter)
+        with profiler.step(state.iteration + 1):
+            loss = train_step(engine, train_iter)
         state.iteration += 1
         state.consumed_train_samples += gbs
         state.interval_losses.append(loss)
