@@ -1,11 +1,14 @@
 """profile / memory_profiling around real DeepSpeed training steps on two gloo ranks: each rank
 writes a Chrome trace of just the profiled steps with their phases labelled, and a memory
-timeline with one entry per profiled step."""
+timeline with one entry per profiled step; a run that stops inside the window still writes them,
+and on CUDA the trace has kernels and the allocator snapshot is dumped."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import pytest
 
 from tests.distributed import run_distributed
 
@@ -96,3 +99,27 @@ def test_a_run_that_stops_inside_the_window_writes_what_it_recorded(tmp_path, ca
     assert ("profiler trace of iterations 2 to 3 (the run stopped before 5): "
             f"{profiler.trace_path}") in out
     assert "memory profile of iterations 2 to 3 (the run stopped before 5)" in out
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_trace_has_kernels_and_the_allocator_snapshot_is_dumped(tmp_path):
+    import pickle
+
+    import torch
+
+    from megatron.monitoring.memory_profile import MemoryRecorder
+    from megatron.monitoring.profiler import StepProfiler
+
+    memory = MemoryRecorder(tmp_path / "m", rank=0, cuda=True)
+    profiler = StepProfiler(range(1, 3), str(tmp_path / "tb"), memory, cuda=True)
+    for iteration in (1, 2):
+        with profiler.step(iteration):
+            x = torch.ones(1024, 1024, device="cuda")
+            (x @ x).sum().item()
+    events = trace_events(profiler.trace_path)
+    assert any(e.get("cat") == "kernel" for e in events), "no CUDA kernel in the trace"
+    snapshot = pickle.loads((tmp_path / "m" / "mem_snapshot_rank0.pickle").read_bytes())
+    assert snapshot["segments"] and snapshot["device_traces"][0]  # allocations were recorded
+    steps = json.loads(memory.timeline_path.read_text())["steps"]
+    assert [s["iteration"] for s in steps] == [1, 2]
+    assert all(s["cuda_step_peak_bytes"] >= 2 * 1024 * 1024 * 4 for s in steps)
