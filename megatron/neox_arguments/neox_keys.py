@@ -106,8 +106,7 @@ NOT_YET_IMPLEMENTED: frozenset[str] = frozenset({
     # logging and profiling
     "wandb_init_all_ranks", "log_grad_pct_zeros",
     "log_param_norm", "log_optimizer_states", "log_gradient_noise_scale",
-    "gradient_noise_scale_n_batches", "gradient_noise_scale_cpu_offload", "memory_profiling",
-    "memory_profiling_path", "profile", "profile_step_start", "profile_step_stop",
+    "gradient_noise_scale_n_batches", "gradient_noise_scale_cpu_offload",
     # text generation
     "precompute_model_name", "return_logits",
     # launcher (DeepSpeed runner)
@@ -188,8 +187,6 @@ NEOX_DEFAULTS: dict[str, Any] = {
     "mamba_selective_scan_fusion": False,
     "mamba_use_bias_in_conv": True,
     "mamba_use_bias_in_linears": False,
-    "memory_profiling": False,
-    "memory_profiling_path": None,
     "min_scale": 1.0,
     "moe_expert_interval": 1,
     "moe_jitter_eps": None,
@@ -226,10 +223,7 @@ NEOX_DEFAULTS: dict[str, Any] = {
     "pos_valid_label_data_paths": None,
     "precompute_model_name": None,
     "prescale_gradients": False,
-    "profile": False,
     "profile_backward": False,
-    "profile_step_start": 10,
-    "profile_step_stop": 12,
     "rank": None,
     "reinforce_leave_one_out": False,
     "return_logits": False,

@@ -352,6 +352,27 @@ def _intervals(c: Config, world_size: int | None) -> Iterator[str]:
         yield "text_gen_type is input-file, so sample_input_file must be set."
 
 
+def _profiling(c: Config, world_size: int | None) -> Iterator[str]:
+    if not (c["profile"] or c["memory_profiling"]):
+        return
+    start, stop, iters = c["profile_step_start"], c["profile_step_stop"], c["train_iters"]
+    window = f"profile_step_start({start}) and profile_step_stop({stop})"
+    if start < 0:
+        yield f"profile_step_start({start}) must be at least 0."
+    elif stop <= start:
+        yield (f"{window}: profile_step_stop must be greater than profile_step_start (the steps "
+               "after iteration profile_step_start up to profile_step_stop are profiled).")
+    elif stop > iters:
+        yield (f"{window} reach beyond train_iters({iters}): those steps would not all run; "
+               "set profile_step_stop to at most train_iters.")
+    if c["profile"] and not (c["tensorboard_dir"] or c["log_dir"]):
+        yield ("profile is true but neither tensorboard_dir nor log_dir is set; set "
+               "tensorboard_dir to the directory the trace should go to.")
+    if c["memory_profiling"] and not c["memory_profiling_path"]:
+        yield ("memory_profiling is true but memory_profiling_path is not set; set it to the "
+               "directory the memory profile should go to.")
+
+
 def _checkpoint(c: Config, world_size: int | None) -> Iterator[str]:
     factor, extra = c["checkpoint_factor"], c["extra_save_iters"]
     if c["save"] is not None and factor is None and extra is None:
@@ -475,6 +496,6 @@ def _tensor_parallel_splits(c: Config, world_size: int | None) -> Iterator[str]:
 
 RULES: tuple[Callable[[Config, int | None], Iterator[str]], ...] = (
     _choices, _heads, _tensor_parallel_splits, _shape, _attention, _world, _global_num_gpus,
-    _precision, _data_types, _optimizer, _intervals, _checkpoint,
+    _precision, _data_types, _optimizer, _intervals, _profiling, _checkpoint,
     _data, _launcher, _logging, _deepspeed_extra,
 )

@@ -21,6 +21,7 @@ from megatron.data.fingerprints import (check_datasets_unchanged, compare_finger
                                         dataset_fingerprints)
 from megatron.model.config import model_config_from_args
 from megatron.monitoring.logger import get_logger, print_rank_0
+from megatron.monitoring.profiler import StepProfiler
 from megatron.monitoring.trackers import MetricsTracker
 from megatron.mpu.groups import ProcessGroups
 from megatron.mpu.initialize import destroy_distributed, init_distributed
@@ -141,9 +142,11 @@ def _pretrain(args) -> RunState:
                  f"{state.iteration} to {args.training.train_iters}")
     train_log = TrainLog(args, engine, tracker,
                          flops_per_token(model_config, args.model.seq_length))
+    profiler = StepProfiler.from_args(args, engine, state.iteration)
     try:
-        _train(args, engine, state, train_iter, valid_iter, train_log, datasets)
+        _train(args, engine, state, train_iter, valid_iter, train_log, datasets, profiler)
     finally:
+        profiler.close()
         tracker.close()
     return state
 
@@ -190,12 +193,12 @@ def check_ranks_agree(state: RunState) -> None:
 
 
 def _train(args, engine, state: RunState, train_iter, valid_iter, train_log: TrainLog,
-           datasets: list) -> None:
+           datasets: list, profiler: StepProfiler) -> None:
     ck = args.checkpoint
     guard = StepGuard.from_args(args.training)
     with StopSignals() as stops:
         saved_at = _train_steps(args, engine, state, train_iter, valid_iter, train_log, datasets,
-                                guard, stops)
+                                guard, stops, profiler)
     if ck.save and saved_at != state.iteration and state.iteration > 0:
         _save_if_sound(args, engine, state, guard, datasets)
     latest = read_latest(ck.save) if ck.save else None
@@ -205,7 +208,8 @@ def _train(args, engine, state: RunState, train_iter, valid_iter, train_log: Tra
 
 
 def _train_steps(args, engine, state: RunState, train_iter, valid_iter, train_log: TrainLog,
-                 datasets: list, guard: StepGuard, stops: StopSignals) -> int | None:
+                 datasets: list, guard: StepGuard, stops: StopSignals,
+                 profiler: StepProfiler) -> int | None:
     """Train to train_iters (or exit_interval); returns the iteration last saved. A signal
     ends it after the step with a checkpoint (Preempted)."""
     t, ck = args.training, args.checkpoint
@@ -215,7 +219,8 @@ def _train_steps(args, engine, state: RunState, train_iter, valid_iter, train_lo
     while state.iteration < t.train_iters:
         train_log.before_step(state.iteration + 1)
         skipped = engine.engine.skipped_steps
-        loss = train_step(engine, train_iter)
+        with profiler.step(state.iteration + 1):
+            loss = train_step(engine, train_iter)
         state.iteration += 1
         state.consumed_train_samples += gbs
         state.interval_losses.append(loss)

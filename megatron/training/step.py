@@ -1,14 +1,17 @@
 """One optimizer step (all micro-batches of a global batch) and one evaluation step.
 
 Both return the loss averaged over micro-batches and data-parallel ranks, identical on all ranks.
+A training step labels its phases for the profiler (megatron/monitoring/profiler.py).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from megatron.model.gpt import lm_loss
+from megatron.monitoring.profiler import BACKWARD, FORWARD, GET_BATCH, OPTIMIZER_STEP
 
 
 def _dp_mean(value: torch.Tensor, engine) -> float:
@@ -33,10 +36,14 @@ def train_step(engine, micro_batches) -> float:
     total = torch.zeros(())
     steps = ds.gradient_accumulation_steps()
     for _ in range(steps):
-        inputs, targets = next(micro_batches)
-        loss = lm_loss(ds(*inputs), targets, engine.tp)
-        ds.backward(loss)
-        ds.step()
+        with record_function(GET_BATCH):
+            inputs, targets = next(micro_batches)
+        with record_function(FORWARD):
+            loss = lm_loss(ds(*inputs), targets, engine.tp)
+        with record_function(BACKWARD):
+            ds.backward(loss)
+        with record_function(OPTIMIZER_STEP):
+            ds.step()
         total += loss.detach().float()
     return _dp_mean(total / steps, engine)
 

@@ -135,6 +135,18 @@ CASES = [
     ({"deepspeed_extra_args": {"optimizer": {"type": "Adam"}}}, None,
      "deepspeed_extra_args.optimizer would replace the value generated from optimizer"),
     ({"num_gpus": 0}, None, "num_gpus(0) must be at least 1"),
+    ({"profile": True, "log_dir": "logs"}, None,  # GPT-NeoX's default window: 10 to 12
+     "profile_step_start(10) and profile_step_stop(12) reach beyond train_iters(10): those steps "
+     "would not all run; set profile_step_stop to at most train_iters."),
+    ({"memory_profiling": True, "memory_profiling_path": "m", "profile_step_start": 4,
+      "profile_step_stop": 4}, None, "profile_step_start(4) and profile_step_stop(4): "
+     "profile_step_stop must be greater than profile_step_start"),
+    ({"profile": True, "log_dir": "logs", "profile_step_start": -1}, None,
+     "profile_step_start(-1) must be at least 0"),
+    ({"profile": True, "profile_step_start": 2, "profile_step_stop": 4}, None,
+     "profile is true but neither tensorboard_dir nor log_dir is set; set tensorboard_dir"),
+    ({"memory_profiling": True, "profile_step_start": 2, "profile_step_stop": 4}, None,
+     "memory_profiling is true but memory_profiling_path is not set"),
 ]
 
 
@@ -202,6 +214,9 @@ def test_valid_neighbours_of_the_rules_pass():
         "grad_accum_dtype": "fp32"}
     assert make(zero_optimization={"stage": 2}, pipe_parallel_size=0, **bf16_fp32)
     assert make(precision="bf16", data_types={"grad_accum_dtype": "bfloat16"})  # the same dtype
+    # the profiled steps may end at train_iters; with profiling off the window is not checked
+    assert make(profile=True, tensorboard_dir="tb", profile_step_start=0, profile_step_stop=10)
+    assert make(profile_step_start=20, profile_step_stop=5).logging.profile_step_start == 20
 
 
 def test_every_registry_rejects_an_unknown_name():

@@ -54,3 +54,16 @@ def test_llemma_7b_is_refused_only_for_keys_gpt_neox_does_not_define():
     from deepspeed.runtime.config import DeepSpeedConfig  # imports torch: test only
 
     assert DeepSpeedConfig(ds).grad_accum_dtype == "fp32"
+
+
+def test_prof_config_turns_on_profiling():
+    # it holds no model, so it goes after a model config; trace and memory go to tensorboard/
+    args = NeoXArgs.from_ymls([NEOX / "125M.yml", NEOX / "prof.yml"])
+    lg = args.logging
+    assert (lg.profile, lg.profile_step_start, lg.profile_step_stop) == (True, 10, 12)
+    assert (lg.memory_profiling, lg.memory_profiling_path) == (True, "tensorboard")
+    assert lg.tensorboard_dir == "tensorboard"
+    # its window must fit the run
+    beyond = r"profile_step_start\(10\) and profile_step_stop\(12\) reach beyond train_iters\(11\)"
+    with pytest.raises(ConfigError, match=beyond):
+        args.replace(train_iters=11)

@@ -52,6 +52,27 @@ class LoggingArgs:
     wall_clock_breakdown: bool = option(
         False, "Time forward, backward and optimizer step separately (DeepSpeed)."
     )
+    profile: bool = option(
+        False, "Trace the steps after iteration profile_step_start up to profile_step_stop with "
+        "torch.profiler on every rank, phases labelled: one rank<N>.<time>.pt.trace.json per rank "
+        "in tensorboard_dir (else log_dir) for TensorBoard's profiler plugin or Perfetto; on CUDA "
+        "also cudaProfilerStart/Stop around them, for nsys --capture-range=cudaProfilerApi."
+    )
+    profile_step_start: int = option(
+        10, "profile and memory_profiling start after this iteration (GPT-NeoX's default 10 "
+        "with profile_step_stop 12 profiles iterations 11 and 12)."
+    )
+    profile_step_stop: int = option(
+        12, "profile and memory_profiling stop after this iteration (at most train_iters)."
+    )
+    memory_profiling: bool = option(
+        False, "Record memory over the profiled steps on every rank into memory_profiling_path: "
+        "memory_timeline_rank<N>.json (resident memory, and CUDA allocator bytes, per step) and, "
+        "on CUDA, the allocator snapshot mem_snapshot_rank<N>.pickle for pytorch.org/memory_viz."
+    )
+    memory_profiling_path: str | None = option(
+        None, "Directory for memory_profiling's files (required with it)."
+    )
     log_grad_norm: bool = option(
         False, "Also log every parameter's gradient norm every log_interval, under its canonical "
         "name (gradient_norms/1.mlp.dense_4h_to_h.weight, ...); the global norm is always logged."
