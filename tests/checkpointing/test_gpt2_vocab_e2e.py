@@ -31,7 +31,7 @@ import pytest
 from megatron.checkpointing.weights import full_weights
 from tests.checkpointing.test_reshard import assert_same_state, full_state
 from tests.e2e.test_equivalence import (STEPS, WEIGHT_ATOL, assert_trains_like, initial_weights,
-                                       launch, overrides, train)
+                                       launch, train)
 from tests.runs import deepy, explain, read_metrics, tiny_overrides
 
 GPT2_IDS = 50257
@@ -128,12 +128,13 @@ def test_tp2_zero1_over_two_replicas_trains_the_same_model(reference, gpt2_sized
 
 
 def reshard(gpt2_sized, tp2_root: Path, out: Path, tp: int):
-    """tools/ckpts/reshard.py: the tp2 run's checkpoint RESUME_FROM rewritten at `tp` in `out`
-    (with the training runs' settings: the rewritten optimizer keeps the config's eps)."""
+    """tools/ckpts/reshard.py: the tp2 run's checkpoint RESUME_FROM rewritten at `tp` in `out`.
+    Its config keeps tiny.yml's Adam eps (1e-8, not the runs' 1e-4): the run that loads the
+    rewritten checkpoint trains with the eps of its own config."""
     prefix, tok = gpt2_sized
     return deepy("tools/ckpts/reshard.py", "configs/tiny.yml", *tiny_overrides(
-        prefix, tok, out.parent, **overrides(num_gpus=tp, model_parallel_size=tp, load=tp2_root,
-                                             save=out, iteration=RESUME_FROM, **SHAPE)))
+        prefix, tok, out.parent, num_gpus=tp, model_parallel_size=tp, load=tp2_root, save=out,
+        iteration=RESUME_FROM, train_iters=STEPS, **SHAPE))
 
 
 def assert_resharded_and_resumes(gpt2_sized, tp2, tmp_path: Path, tp: int) -> str:
