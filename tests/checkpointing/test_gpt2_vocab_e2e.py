@@ -93,8 +93,8 @@ def reference(gpt2_sized, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tp2(gpt2_sized, tmp_path_factory):
-    """The tp2 run every test below starts from: (losses, checkpoint root, checkpoints at
-    RESUME_FROM and STEPS)."""
+    """The tp2 run every test below starts from: (losses, checkpoint root with the
+    checkpoints of RESUME_FROM and STEPS)."""
     run_dir = tmp_path_factory.mktemp("tp2")
     losses, step_dir = train(gpt2_sized, run_dir, num_gpus=2, model_parallel_size=2, **SHAPE)
     assert manifest_run(step_dir)["padded_vocab_size"] == PADDED
