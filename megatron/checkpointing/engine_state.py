@@ -14,7 +14,7 @@ Three gaps of DeepSpeed 0.19 are filled here:
 - optimizer settings: DeepSpeed's load replaces the parameter groups' eps, betas, weight decay
   (...) with the checkpoint's; the config's are put back, as a load at another layout keeps
   them (reshard.py places state tensors only), and a difference is logged.
-What either needs of DeepSpeed's internals is in optimizer_layouts.py.
+What they need of DeepSpeed's internals is in optimizer_layouts.py.
 """
 
 from __future__ import annotations
