@@ -6,12 +6,15 @@ one file per layer with pipelines, optimizer partitions per rank with ZeRO or bf
 records it for the manifest. A write error is kept instead of raised, so that the rank still
 joins DeepSpeed's collectives; the save is then aborted on all ranks together (save.py).
 
-Two gaps of DeepSpeed 0.19 are filled here:
+Three gaps of DeepSpeed 0.19 are filled here:
 - no_save_optim: DeepSpeed always writes the optimizer; it is hidden from it for the call.
 - bf16 without ZeRO: DeepSpeed's load hands the one saved state to an optimizer that indexes it
   by data-parallel rank (KeyError: 0); this rank's partition file
   `bf16_zero_pp_rank_<dp>_mp_rank_<mp>_optim_states.pt` is loaded instead.
-What either needs of DeepSpeed's internals is in optimizer_layouts.py.
+- optimizer settings: DeepSpeed's load replaces the parameter groups' eps, betas, weight decay
+  (...) with the checkpoint's; the config's are put back, as a load at another layout keeps
+  them (reshard.py places state tensors only), and a difference is logged.
+What they need of DeepSpeed's internals is in optimizer_layouts.py.
 """
 
 from __future__ import annotations
@@ -207,6 +210,7 @@ def load_engine_state(engine, root: Path, tag: str, module_only: bool, load_opti
             f"{root / 'latest'} names {read_latest(root)!r}: DeepSpeed would read the weights of "
             "that one. Point `latest` at the checkpoint to load, or load the optimizer state")
     bf16_wrapper = optimizer_layouts.is_bf16_wrapper(ds.optimizer)
+    configured = _settings(ds.optimizer)
     path, _ = ds.load_checkpoint(str(root), tag=tag, load_module_only=module_only,
                                  load_optimizer_states=load_optimizer and not bf16_wrapper,
                                  load_lr_scheduler_states=load_lr_schedule)
@@ -218,3 +222,31 @@ def load_engine_state(engine, root: Path, tag: str, module_only: bool, load_opti
             optimizer_layouts.load_bf16_partition(ds, root, tag)
         else:
             optimizer_layouts.refresh_masters(ds.optimizer)  # fp32 masters from the weights
+    _keep_configured_settings(ds.optimizer, configured, root / tag)
+
+
+# set per step by the LR schedule (loaded with it), or the parameters themselves
+_NOT_SETTINGS = ("params", "lr", "initial_lr")
+
+
+def _settings(optimizer) -> list[dict]:
+    """Each parameter group's settings (eps, betas, weight decay, ...) but its learning rate."""
+    if optimizer is None:
+        return []
+    return [{k: v for k, v in g.items() if k not in _NOT_SETTINGS} for g in optimizer.param_groups]
+
+
+def _keep_configured_settings(optimizer, configured: list[dict], where: Path) -> None:
+    """Put back the settings this run's config gave the optimizer, which DeepSpeed's load
+    replaced with the checkpoint's, so that a run trains the same whether or not its layout
+    is the checkpoint's. A difference is logged."""
+    if optimizer is None:
+        return
+    changes = {f"{k}: checkpoint {g[k]!r}, config {v!r}"
+               for g, values in zip(optimizer.param_groups, configured)
+               for k, v in values.items() if k in g and g[k] != v}
+    for group, values in zip(optimizer.param_groups, configured):
+        group.update(values)
+    if changes and collectives.rank() == 0:
+        log.warning("checkpoint %s was trained with other optimizer settings (%s): this run's "
+                    "config applies", where, "; ".join(sorted(changes)))

@@ -190,6 +190,35 @@ def _mismatch(directory: Path) -> str:
     return "loaded"
 
 
+CHANGED_SETTINGS = {"optimizer": {"type": "Adam", "params": {"lr": 2.0e-3, "betas": [0.8, 0.9],
+                                                             "eps": 1.0e-4}},
+                    "weight_decay": 0.1}
+
+
+def _changed_settings(directory: Path) -> dict:
+    """Saved with tiny.yml's Adam (eps 1e-8, betas (0.9, 0.95), weight decay 0.01), loaded with
+    CHANGED_SETTINGS at the saved layout (pipeline; ZeRO 1) and at another (no pipeline, so
+    resharded): each loaded optimizer's (settings of every group, lr) and the saved lr."""
+    from megatron.checkpointing import load_checkpoint, save_checkpoint
+    from tests.checkpointing import engines
+
+    out = {}
+    for name, saved_layout, loaded_layout in (
+            ("same", {}, {}), ("zero1", LAYOUTS["zero1"], LAYOUTS["zero1"]),
+            ("other", {}, {"pipe_parallel_size": 0})):
+        args = engines.make_args(directory / name, **saved_layout)
+        engine = engines.build(args)
+        engines.train(engine, args, 2)
+        save_checkpoint(engine, args.checkpoint, 2, {})
+        args = engines.make_args(directory / name, **loaded_layout, **CHANGED_SETTINGS)
+        loaded = engines.build(args)
+        load_checkpoint(loaded, args.checkpoint)
+        groups = loaded.engine.optimizer.param_groups
+        out[name] = ([(g["eps"], tuple(g["betas"]), g["weight_decay"]) for g in groups],
+                     groups[0]["lr"], engine.engine.optimizer.param_groups[0]["lr"])
+    return out
+
+
 def _scenario(fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
@@ -201,7 +230,8 @@ LAYOUTS = {"fp32": {}, "bf16": {"bf16": {"enabled": True}},
            "zero1": {"pipe_parallel_size": 0, "zero_optimization": {"stage": 1}},
            "zero3": {"pipe_parallel_size": 0, "zero_optimization": {"stage": 3}},
            "pp2": {"pipe_parallel_size": 2}, "tp2": {"model_parallel_size": 2}}
-OTHER = {"options": _options, "failures": _failures, "mismatch": _mismatch}
+OTHER = {"options": _options, "failures": _failures, "mismatch": _mismatch,
+         "settings": _changed_settings}
 
 
 def run_scenarios(rank: int, world: int, tmp: str, names: list[str]) -> dict:
@@ -249,7 +279,8 @@ def _damaged_share(rank: int, world: int, tmp: Path) -> dict:
 # ---- the tests -----------------------------------------------------------------------------
 
 
-DP2 = ["fp32", "bf16", "zero1", "zero3", "options", "failures", "mismatch", "damaged_share"]
+DP2 = ["fp32", "bf16", "zero1", "zero3", "options", "failures", "mismatch", "damaged_share",
+       "settings"]
 
 
 @pytest.fixture(scope="module")
@@ -357,6 +388,19 @@ def test_transient_rename_errors_are_retried_and_persistent_ones_abort(outcomes)
 def test_a_checkpoint_of_another_shape_is_refused_with_the_difference(outcomes):
     text = ok(outcomes["mismatch"])
     assert "cannot load checkpoint" in text and "num_layers: checkpoint 2, this run 3" in text
+
+
+def test_the_configs_optimizer_settings_apply_after_a_load_at_any_layout(outcomes):
+    """eps, betas and weight decay come from the config (DeepSpeed's own load would keep the
+    checkpoint's at the saved layout, while a resharded load keeps the config's); the learning
+    rate stays the checkpoint schedule's."""
+    for name, (groups, lr, saved_lr) in ok(outcomes["settings"]).items():
+        assert groups == [(1e-4, (0.8, 0.9), 0.1), (1e-4, (0.8, 0.9), 0.0)], name
+        assert lr == saved_lr, name
+    assert any(w.endswith("global_step2 was trained with other optimizer settings (betas: "
+                          "checkpoint (0.9, 0.95), config (0.8, 0.9); eps: checkpoint 1e-08, "
+                          "config 0.0001; weight_decay: checkpoint 0.01, config 0.1): this "
+                          "run's config applies") for w in outcomes["warnings"])
 
 
 @pytest.mark.parametrize("layout", ["zero1", "zero3", "pp2", "tp2"])

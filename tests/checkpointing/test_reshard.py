@@ -76,12 +76,13 @@ def _scenario(rank, world, run_dir, layout, load_from, save_to, steps_after):
 # ---- the tests --------------------------------------------------------------------------
 
 
-def full_state(directory: Path):
+def full_state(directory: Path, tag: str | None = None):
+    """The layout-free state of the checkpoint `tag` (default: the latest) under `directory`."""
     from megatron.checkpointing.layout import read_latest
     from megatron.checkpointing.manifest import read_manifest
     from megatron.checkpointing.reshard import read_full_state
 
-    step = directory / read_latest(directory)
+    step = directory / (tag or read_latest(directory))
     return read_full_state(step, read_manifest(step), with_optimizer=True)
 
 

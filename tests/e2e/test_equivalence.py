@@ -9,6 +9,9 @@ gradient; these runs therefore use eps = 1e-4, which keeps the update Lipschitz 
 without changing which code runs. We assert losses within 2e-5 relative and every weight
 within 2e-5 absolute after six steps (observed: ~1e-6); a wrong shard, a missed or doubled
 all-reduce moves weights by lr = 2e-3 per step, a hundred times more.
+
+GPT-2's 50257-id vocabulary, whose padding depends on the tensor-parallel degree, is compared
+the same way in tests/checkpointing/test_gpt2_vocab_e2e.py.
 """
 
 import math
@@ -24,18 +27,39 @@ LOSS_RTOL = 2e-5
 WEIGHT_ATOL = 2e-5
 
 
-def train(small_data, run_dir, **layout):
-    prefix, tok = small_data
+def overrides(**layout) -> dict:
+    """The tiny config's overrides for these runs: STEPS steps, losses logged every step, no
+    dropout, Adam eps 1e-4, then `layout`."""
     over = dict(train_iters=STEPS, log_interval=1, eval_interval=1000, eval_iters=1,
                 checkpoint_factor=STEPS, hidden_dropout=0.0, attention_dropout=0.0, num_gpus=1,
                 seed=1234)
     over["optimizer.params.eps"] = 1e-4
-    over.update(layout)
-    proc = deepy("train.py", "configs/tiny.yml", *tiny_overrides(prefix, tok, run_dir, **over),
-                 timeout=600)
+    return {**over, **layout}
+
+
+def launch(small_data, run_dir, **layout):
+    """`deepy.py train.py` of the tiny config with `overrides(**layout)`; the finished process."""
+    prefix, tok = small_data
+    proc = deepy("train.py", "configs/tiny.yml",
+                 *tiny_overrides(prefix, tok, run_dir, **overrides(**layout)), timeout=600)
     assert proc.returncode == 0, explain(proc)
+    return proc
+
+
+def train(small_data, run_dir, **layout):
+    """(the loss of every step, the final checkpoint) of `launch`."""
+    launch(small_data, run_dir, **layout)
     train_records, _ = read_metrics(run_dir / "logs")
     return [r["lm_loss"] for r in train_records], run_dir / "ckpt" / f"global_step{STEPS}"
+
+
+def assert_trains_like(losses, weights, want_losses, want_weights) -> None:
+    """Loss traces within LOSS_RTOL step by step, every weight within WEIGHT_ATOL."""
+    for step, (got, want) in enumerate(zip(losses, want_losses, strict=True), start=1):
+        assert math.isclose(got, want, rel_tol=LOSS_RTOL), f"step {step}: {got} != {want}"
+    assert weights.keys() == want_weights.keys()
+    worst = max((weights[k] - w).abs().max().item() for k, w in want_weights.items())
+    assert worst < WEIGHT_ATOL, f"largest weight difference {worst:.3g}"
 
 
 @pytest.fixture(scope="module")
@@ -70,20 +94,15 @@ def test_layout_matches_single_process(name, reference, small_data, tmp_path):
     layout = LAYOUTS[name]
     losses, step_dir = train(small_data, tmp_path, **layout)
     assert len(losses) == STEPS
-    for step, (got, want) in enumerate(zip(losses, ref_losses), start=1):
-        assert math.isclose(got, want, rel_tol=LOSS_RTOL), f"step {step}: {got} != {want}"
-    weights = full_weights(step_dir)
-    assert weights.keys() == ref_weights.keys()
-    worst = max((weights[k] - ref_weights[k]).abs().max().item() for k in ref_weights)
-    assert worst < WEIGHT_ATOL, f"largest weight difference {worst:.3g}"
+    assert_trains_like(losses, full_weights(step_dir), ref_losses, ref_weights)
     # the run really trained: weights moved far more than the tolerance
     moved = max((ref_weights[k] - w).abs().max().item()
                 for k, w in initial_weights(small_data, tmp_path).items())
     assert moved > 100 * WEIGHT_ATOL
 
 
-def initial_weights(small_data, tmp_path):
-    """The weights every run starts from (the tiny config's model, built in this process)."""
+def initial_weights(small_data, tmp_path, **layout):
+    """The weights every run of `overrides(**layout)` starts from (built in this process)."""
     from megatron.model.gpt import GPTModel
     from megatron.model.config import model_config_from_args
     from megatron.model.partition import canonical_from_module
@@ -91,7 +110,8 @@ def initial_weights(small_data, tmp_path):
     from megatron.tokenizer import build_tokenizer
 
     prefix, tok = small_data
-    args = NeoXArgs.from_ymls(["configs/tiny.yml"], tiny_overrides(prefix, tok, tmp_path, num_gpus=1))
+    args = NeoXArgs.from_ymls(["configs/tiny.yml"],
+                              tiny_overrides(prefix, tok, tmp_path, **overrides(**layout)))
     vocab = padded_vocab_size(build_tokenizer("HFTokenizer", tok).vocab_size,
                               args.model.make_vocab_size_divisible_by, 1)
     model = GPTModel(model_config_from_args(args, vocab))
@@ -104,9 +124,6 @@ def test_tied_embeddings_across_pipeline_stages_match_one_process(small_data, tm
     ref_losses, ref_dir = train(small_data, tmp_path / "single", no_weight_tying=False)
     losses, step_dir = train(small_data, tmp_path / "pp2", no_weight_tying=False, num_gpus=2,
                              pipe_parallel_size=2)
-    for got, want in zip(losses, ref_losses, strict=True):
-        assert math.isclose(got, want, rel_tol=LOSS_RTOL)
     ref, got = full_weights(ref_dir), full_weights(step_dir)
     assert "0.word_embeddings.weight" in got and not any(k.startswith("7.") for k in got)
-    worst = max((got[k] - ref[k]).abs().max().item() for k in ref)
-    assert worst < WEIGHT_ATOL, f"largest weight difference {worst:.3g}"
+    assert_trains_like(losses, got, ref_losses, ref)
