@@ -13,8 +13,8 @@ import torch.distributed as dist
 
 from megatron.checkpointing import load_checkpoint, save_checkpoint, should_save
 from megatron.checkpointing.model_shape import vocab_for_run
-from megatron.data.fingerprints import (check_datasets_unchanged, compare_fingerprints,
-                                        dataset_fingerprints)
+from megatron.data.fingerprints import (check_datasets_unchanged, check_file_sizes,
+                                        compare_fingerprints, dataset_fingerprints)
 from megatron.model.config import model_config_from_args
 from megatron.monitoring.logger import get_logger, print_rank_0
 from megatron.monitoring.trackers import MetricsTracker
@@ -116,7 +116,7 @@ def _pretrain(args) -> RunState:
     counts = sample_counts(args)
     train_ds, valid_ds, _ = build_datasets(args, counts, tokenizer.vocab_size)
     datasets = [d for d in (train_ds, valid_ds) if d is not None]
-    state.data_fingerprints = dataset_fingerprints(*datasets, content_only=True)
+    state.data_fingerprints = dataset_fingerprints(*datasets, mode=args.data.data_fingerprint)
     check_same_data(args, resumed, state.data_fingerprints)
     coords = topology.coords(rank)
     d = args.data
@@ -134,6 +134,9 @@ def _pretrain(args) -> RunState:
                          flops_per_token(model_config, args.model.seq_length))
     try:
         _train(args, engine, state, train_iter, valid_iter, train_log, datasets)
+    except Exception:  # a failed read, here or in a loader worker (one killed by SIGBUS too):
+        check_file_sizes(*datasets)  # A16: name the token file that shrank, if one did
+        raise
     finally:
         tracker.close()
     return state
@@ -211,6 +214,7 @@ def _train(args, engine, state: RunState, train_iter, valid_iter, train_log: Tra
             print_rank_0(f"exiting at iteration {state.iteration} (exit_interval={t.exit_interval})")
             break
     if ck.save and saved_at != state.iteration and state.iteration > 0:
+        check_datasets_unchanged(*datasets)
         save_checkpoint(engine, args.checkpoint, state.iteration, state.client_state())
     if ck.save:
         print_rank_0(f"checkpoint of iteration {state.iteration}: "
