@@ -1,27 +1,33 @@
-"""Data fingerprints: which token files a run reads, and whether they changed (A16, A17).
+"""Data fingerprints: which token files a run reads, and whether their content changed (A16, A17).
 
 `dataset_fingerprints(train, valid, test)` maps the prefix of every `.bin`/`.idx` pair under the
-datasets (blends are walked) to the fingerprint taken when the pair was opened
-(`MMapIndexedDataset.fingerprint()`: sizes, mtimes, sha256 of the `.idx`, dtype and counts). A
-checkpoint stores it (with `content_only=True`: no mtimes, so every rank holds the same); on
-resume `compare_fingerprints(saved, current)` lists what differs in the files' content
-(`CONTENT_KEYS`). Mtimes and locations are not compared, so data copied to another machine or
-directory still matches: entries are paired by prefix, then by `.idx` hash, then by file name.
-The `.bin` itself is compared by size only (hashing it means reading every token;
-`MMapIndexedDataset.verify_checksum` does that on request).
+datasets (blends are walked) to its content fingerprint (`MMapIndexedDataset.fingerprint`: file
+sizes, dtype, counts, sha256 of the whole `.idx` and of 64 sampled 64 KiB blocks of the `.bin`;
+with mode "full" also the sha256 of the whole `.bin`). Modification times are no part of it, so
+`touch` or a copy to another machine or directory changes nothing. A checkpoint stores it; on
+resume `compare_fingerprints(saved, current)` lists what differs (entries are paired by prefix,
+then by `.idx` hash, then by file name). A hash is compared when both sides recorded it: a
+checkpoint written in sampled mode resumed in full mode compares the sampled hashes.
 
-`check_datasets_unchanged` re-reads the fingerprints during a run and compares all of them,
-mtimes included (A16: files must not change while mapped).
+`check_datasets_unchanged` re-takes the sampled fingerprints during a run (before each save) and
+compares them with those taken when the files were opened (A16). `check_file_sizes` compares
+the sizes of the files being read with their indices: the cheap test that explains a failed read.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Iterable, Mapping
 
-from megatron.data.indexed_dataset import MMapIndexedDataset
+from megatron.data.indexed_dataset import MMapIndexedDataset, TokenFileChanged
+from megatron.monitoring.logger import get_logger
 
-CONTENT_KEYS = ("idx_sha256", "idx_bytes", "bin_bytes", "dtype", "num_documents", "num_tokens")
+logger = get_logger(__name__)
+
+FINGERPRINT_MODES = ("sampled", "full")
+CONTENT_KEYS = ("idx_sha256", "idx_bytes", "bin_bytes", "bin_sampled_sha256", "bin_sha256",
+                "dtype", "num_documents", "num_tokens")
 
 
 def indexed_datasets(*datasets: Any) -> list[MMapIndexedDataset]:
@@ -45,24 +51,52 @@ def indexed_datasets(*datasets: Any) -> list[MMapIndexedDataset]:
     return [found[k] for k in sorted(found)]
 
 
-def dataset_fingerprints(*datasets: Any, content_only: bool = False) -> dict[str, dict]:
-    """{prefix: fingerprint taken at open} for every token file under `datasets` (A17).
+def dataset_fingerprints(*datasets: Any, mode: str = "sampled") -> dict[str, dict]:
+    """{prefix: content fingerprint} for every token file under `datasets` (A17).
 
-    `content_only` keeps "prefix" and `CONTENT_KEYS` (no mtimes): the same on every rank and
-    machine holding the same data, which is what a checkpoint should store.
+    "sampled" gives the fingerprints taken when the files were opened; "full" adds the sha256 of
+    every `.bin`, read now in full (minutes per terabyte).
     """
-    fingerprints = {d.path: dict(d.opened_fingerprint) for d in indexed_datasets(*datasets)}
-    if content_only:
-        keep = ("prefix",) + CONTENT_KEYS
-        fingerprints = {p: {k: v for k, v in f.items() if k in keep}
-                        for p, f in fingerprints.items()}
+    if mode not in FINGERPRINT_MODES:
+        raise ValueError(f"data_fingerprint {mode!r} is not a valid choice; choose one of: "
+                         f"{', '.join(FINGERPRINT_MODES)}")
+    fingerprints = {}
+    for dataset in indexed_datasets(*datasets):
+        fingerprints[dataset.path] = dict(dataset.opened_fingerprint)
+        if mode == "full":
+            start = time.perf_counter()
+            fingerprints[dataset.path]["bin_sha256"] = dataset.verify_checksum()
+            logger.info("data_fingerprint full: hashed %s.bin (%d bytes) in %.1f s",
+                        dataset.path, fingerprints[dataset.path]["bin_bytes"],
+                        time.perf_counter() - start)
     return fingerprints
 
 
 def check_datasets_unchanged(*datasets: Any) -> None:
-    """Raise if any token file under `datasets` changed on disk since it was opened (A16)."""
+    """Raise `TokenFileChanged` if the content of any token file under `datasets` differs from
+    when it was opened (A16), naming each file and what differs; mtimes are not compared."""
+    problems = []
     for dataset in indexed_datasets(*datasets):
-        dataset.check_unchanged()
+        try:
+            now = dataset.fingerprint()
+        except FileNotFoundError as err:
+            problems.append(f"{err.filename} was removed")
+            continue
+        problems += _differences(dataset.path, dataset.opened_fingerprint, now,
+                                 "when this run opened it")
+    if problems:
+        raise TokenFileChanged(
+            f"token files changed on disk while training read them: {'; '.join(problems)}. "
+            "Batches since the change may mix old and new data, so no checkpoint is saved. "
+            "Restore the files and resume from the last checkpoint, or resume with "
+            "allow_data_change: true to train on the new data")
+
+
+def check_file_sizes(*datasets: Any) -> None:
+    """Raise `TokenFileChanged` if a token file under `datasets` no longer has the size its index
+    gives (A16): the explanation of a read that failed because a file shrank under the run."""
+    for dataset in indexed_datasets(*datasets):
+        dataset.check_sizes()
 
 
 def compare_fingerprints(saved: Mapping[str, dict] | Iterable[dict],
@@ -76,15 +110,22 @@ def compare_fingerprints(saved: Mapping[str, dict] | Iterable[dict],
     pairs, only_saved, only_current = _pair(saved, current)
     problems = []
     for old_prefix, new_prefix in pairs:
-        old, new = saved[old_prefix], current[new_prefix]
         where = old_prefix if old_prefix == new_prefix else f"{old_prefix} (now {new_prefix})"
-        for key in CONTENT_KEYS:
-            if old.get(key) != new.get(key):
-                problems.append(f"{where}: {key} was {_show(old.get(key))} in the checkpoint, "
-                                f"is {_show(new.get(key))} now")
+        problems += _differences(where, saved[old_prefix], current[new_prefix],
+                                 "in the checkpoint")
     problems += [f"{p}: read by the checkpointed run, not by this one" for p in only_saved]
     problems += [f"{p}: read by this run, not by the checkpointed one" for p in only_current]
     return problems
+
+
+def _differences(where: str, old: Mapping, new: Mapping, then: str) -> list[str]:
+    """"WHERE: KEY was A THEN, is B now" for every content key both sides recorded and that
+    differs; sampled hashes count only when taken with the same blocks."""
+    keys = [k for k in CONTENT_KEYS if old.get(k) is not None and new.get(k) is not None]
+    if old.get("bin_sample") != new.get("bin_sample") and "bin_sampled_sha256" in keys:
+        keys.remove("bin_sampled_sha256")
+    return [f"{where}: {key} was {_show(old[key])} {then}, is {_show(new[key])} now"
+            for key in keys if old[key] != new[key]]
 
 
 def _by_prefix(fingerprints, which: str) -> dict[str, dict]:
@@ -121,8 +162,6 @@ def _pair(saved: dict[str, dict], current: dict[str, dict]):
 
 
 def _show(value: Any) -> str:
-    if value is None:
-        return "not recorded"
     if isinstance(value, str) and len(value) == 64:  # a sha256: the start is enough to tell
         return value[:12] + "..."
     return str(value)

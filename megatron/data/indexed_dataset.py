@@ -30,7 +30,7 @@ GPT-NeoX's preprocessing writes one item per document, so items and documents co
 
 from __future__ import annotations
 
-import hashlib
+import mmap
 import os
 import shutil
 import struct
@@ -39,6 +39,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from megatron.data import content_hash
 from megatron.monitoring.logger import get_logger
 
 logger = get_logger(__name__)
@@ -97,10 +98,9 @@ def dtype_code(dtype: Any) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
-def _read_header(idx_path: str) -> tuple[type, int, int]:
-    """Parse and check the fixed header; returns (dtype, N, D)."""
-    with open(idx_path, "rb") as f:
-        head = f.read(HEADER_BYTES)
+def _read_header(f, idx_path: str) -> tuple[type, int, int]:
+    """Parse and check the fixed header of the open `.idx` file `f`; returns (dtype, N, D)."""
+    head = os.pread(f.fileno(), HEADER_BYTES, 0)
     if head[:8] == CACHED_MAGIC:
         raise ValueError(
             f"{idx_path} is in GPT-NeoX's older 'cached' indexed format, which this project does "
@@ -122,19 +122,28 @@ def _read_header(idx_path: str) -> tuple[type, int, int]:
     return DTYPES[code], n, d
 
 
+class TokenFileChanged(RuntimeError):
+    """A token file's size no longer matches its index while the dataset reads it (A16)."""
+
+
 class MMapIndexedDataset:
-    """Read-only, memory-mapped view of a `.bin`/`.idx` pair; `ds[i]` is item i as a numpy array.
+    """Read-only view of a `.bin`/`.idx` pair; `ds[i]` is item i as a numpy array.
+
+    The `.idx` is memory-mapped. Tokens are read from the `.bin` with `pread`: a memory-mapped
+    read past the end of a file that shrank kills the process with SIGBUS, which Python cannot
+    catch, while a short `pread` raises `TokenFileChanged` naming the file and both sizes.
 
     Opening checks the pair (A16): both files exist, the header's magic, version and dtype code,
     the index file's length, pointers and document index, and that the `.bin` holds exactly the
-    bytes the index describes. The fingerprint taken at open is kept in `opened_fingerprint`;
-    `check_unchanged()` compares the files against it.
+    bytes the index describes. The content fingerprint taken at open (sizes, `.idx` hash, sampled
+    `.bin` hash, counts; see `fingerprint`) is kept in `opened_fingerprint`.
     """
 
     def __init__(self, path: str, skip_warmup: bool = True):
         self._path = str(path)
         self._skip_warmup = skip_warmup
         self._open()
+        self.opened_fingerprint = self.fingerprint()
 
     # -- opening and checks --------------------------------------------------------------------
     def _open(self) -> None:
@@ -146,32 +155,28 @@ class MMapIndexedDataset:
                 f"{', '.join(missing)}. Pass the prefix without the extension, and create the "
                 "pair with tools/datasets/preprocess_data.py."
             )
-        self._dtype, n, d = _read_header(idx_path)
-        expected = HEADER_BYTES + 12 * n + 8 * d
-        found = os.path.getsize(idx_path)
-        if found != expected:
+        self._idx_file = open(idx_path, "rb", buffering=0)
+        self._bin_file = open(bin_path, "rb", buffering=0)
+        self._dtype, n, d = _read_header(self._idx_file, idx_path)
+        self._idx_bytes = HEADER_BYTES + 12 * n + 8 * d
+        found = os.fstat(self._idx_file.fileno()).st_size
+        if found != self._idx_bytes:
             raise ValueError(f"{idx_path}: header describes {n} items and {d} document entries, "
-                             f"so expected {expected} bytes, found {found}")
-        if expected > HEADER_BYTES:
-            index = np.memmap(idx_path, dtype=np.uint8, mode="r", offset=HEADER_BYTES)
-            index = index.view(np.ndarray)
-        else:
-            index = np.empty(0, dtype=np.uint8)
+                             f"so expected {self._idx_bytes} bytes, found {found}")
+        index = np.empty(0, dtype=np.uint8)
+        if self._idx_bytes > HEADER_BYTES:
+            mapped = mmap.mmap(self._idx_file.fileno(), 0, access=mmap.ACCESS_READ)
+            index = np.frombuffer(mapped, dtype=np.uint8, offset=HEADER_BYTES)
         self._sizes = index[: 4 * n].view(np.int32)
         self._pointers = index[4 * n: 12 * n].view(np.int64)
         self._doc_idx = index[12 * n:].view(np.int64)
         for a in (self._sizes, self._pointers, self._doc_idx):
             a.flags.writeable = False
         self._check_index(idx_path)
+        self._bin_bytes = self.num_tokens * np.dtype(self._dtype).itemsize
         self._check_data_size(idx_path, bin_path)
         if not self._skip_warmup:
             _warmup(bin_path)
-        nbytes = os.path.getsize(bin_path)
-        if nbytes:
-            self._data = np.memmap(bin_path, dtype=self._dtype, mode="r").view(np.ndarray)
-        else:
-            self._data = np.empty(0, dtype=self._dtype)
-        self.opened_fingerprint = self.fingerprint()
 
     def _check_index(self, idx_path: str) -> None:
         n, itemsize = len(self._sizes), np.dtype(self._dtype).itemsize
@@ -191,24 +196,40 @@ class MMapIndexedDataset:
                              f"ending {d[-3:].tolist()}")
 
     def _check_data_size(self, idx_path: str, bin_path: str) -> None:
-        itemsize = np.dtype(self._dtype).itemsize
-        tokens = int(self._sizes.sum(dtype=np.int64))
-        expected, found = tokens * itemsize, os.path.getsize(bin_path)
+        expected, found = self._bin_bytes, os.fstat(self._bin_file.fileno()).st_size
         if found != expected:
             kind = "truncated" if found < expected else "longer than its index"
             raise ValueError(
-                f"{bin_path} is {kind}: {idx_path} describes {tokens} tokens of "
+                f"{bin_path} is {kind}: {idx_path} describes {self.num_tokens} tokens of "
                 f"{np.dtype(self._dtype).name} = {expected} bytes, found {found} bytes. The pair "
                 "does not belong together or a write was interrupted; rebuild it."
             )
 
-    # -- pickling (DataLoader workers re-open the files) ---------------------------------------
+    def check_sizes(self) -> None:
+        """Raise `TokenFileChanged` if a file this dataset reads no longer has the size its index
+        gives (A16: a file truncated or rewritten under a running job), naming both sizes."""
+        for path, file, expected in ((index_file_path(self._path), self._idx_file,
+                                      self._idx_bytes),
+                                     (data_file_path(self._path), self._bin_file,
+                                      self._bin_bytes)):
+            found = os.fstat(file.fileno()).st_size
+            if found != expected:
+                how = "shrank" if found < expected else "grew"
+                raise TokenFileChanged(
+                    f"{path} {how} while training read it: expected {expected} bytes (as when "
+                    f"it was opened), found {found} bytes. It was truncated or rewritten in "
+                    "place; restore the original file and resume from the last checkpoint, "
+                    "or set allow_data_change: true to resume on the new data")
+
+    # -- pickling (DataLoader workers started with spawn re-open the files) --------------------
     def __getstate__(self) -> dict:
-        return {"path": self._path, "skip_warmup": True}
+        return {"path": self._path, "skip_warmup": True,
+                "opened_fingerprint": self.opened_fingerprint}
 
     def __setstate__(self, state: dict) -> None:
         self._path, self._skip_warmup = state["path"], state["skip_warmup"]
         self._open()
+        self.opened_fingerprint = state["opened_fingerprint"]
 
     # -- access --------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -221,9 +242,9 @@ class MMapIndexedDataset:
                 raise ValueError("slices of an indexed dataset must be contiguous (step 1)")
             if stop <= start:
                 return []
-            first = self._pointers[start] // self._data.itemsize
+            self._check_index_size()
             sizes = self._sizes[start:stop]
-            chunk = self._data[first: first + int(sizes.sum(dtype=np.int64))]
+            chunk = self._read(int(self._pointers[start]), int(sizes.sum(dtype=np.int64)))
             return np.split(chunk, np.cumsum(sizes[:-1]))
         return self.get(idx)
 
@@ -235,14 +256,37 @@ class MMapIndexedDataset:
             i += n
         if not 0 <= i < n:
             raise IndexError(f"item {idx} out of range for {self._path} with {n} items")
+        self._check_index_size()
         size = int(self._sizes[i])
         if length is None:
             length = size - offset
         if offset < 0 or length < 0 or offset + length > size:
             raise IndexError(f"tokens [{offset}, {offset + length}) out of range for item {i} "
                              f"of {self._path}, which has {size} tokens")
-        start = self._pointers[i] // self._data.itemsize + offset
-        return self._data[start: start + length]
+        return self._read(int(self._pointers[i]) + offset * np.dtype(self._dtype).itemsize,
+                          length)
+
+    def _check_index_size(self) -> None:
+        """One fstat before reading the mapped `.idx`: were it shorter now, reading it would
+        kill the process with SIGBUS (A16)."""
+        if os.fstat(self._idx_file.fileno()).st_size != self._idx_bytes:
+            self.check_sizes()
+
+    def _read(self, byte_offset: int, count: int) -> np.ndarray:
+        """`count` tokens of the `.bin` from `byte_offset`; `TokenFileChanged` if it shrank."""
+        out = np.empty(count, dtype=self._dtype)
+        buffer = memoryview(out).cast("B")
+        done = 0
+        while done < len(buffer):
+            n = os.preadv(self._bin_file.fileno(), [buffer[done:]], byte_offset + done)
+            if n == 0:
+                self.check_sizes()
+                raise TokenFileChanged(f"{data_file_path(self._path)}: could read only "
+                                       f"{byte_offset + done} bytes of a file of "
+                                       f"{self._bin_bytes} bytes")
+            done += n
+        out.flags.writeable = False
+        return out
 
     @property
     def path(self) -> str:
@@ -282,9 +326,10 @@ class MMapIndexedDataset:
     # -- integrity -----------------------------------------------------------------------------
     def max_token_id(self, chunk_tokens: int = 1 << 26) -> int:
         """Largest token id in the `.bin` (-1 when empty), scanned in chunks."""
-        best = -1
-        for start in range(0, len(self._data), chunk_tokens):
-            best = max(best, int(self._data[start: start + chunk_tokens].max()))
+        best, itemsize = -1, np.dtype(self._dtype).itemsize
+        for start in range(0, self.num_tokens, chunk_tokens):
+            chunk = self._read(start * itemsize, min(chunk_tokens, self.num_tokens - start))
+            best = max(best, int(chunk.max()))
         return best
 
     def check_token_ids(self, vocab_size: int) -> None:
@@ -298,35 +343,25 @@ class MMapIndexedDataset:
             )
 
     def fingerprint(self) -> dict:
-        """Identity of the pair on disk: sizes, mtimes, sha256 of the whole `.idx`, counts."""
+        """What the pair holds, as a JSON-safe dict (A16, A17): sizes, dtype, counts, the sha256
+        of the whole `.idx` and of sampled blocks of the `.bin` (see `content_hash`; the whole
+        `.bin`'s is `verify_checksum()`). Modification times are not part of it."""
         idx_path, bin_path = index_file_path(self._path), data_file_path(self._path)
-        idx_stat, bin_stat = os.stat(idx_path), os.stat(bin_path)
         return {
             "prefix": self._path,
-            "idx_bytes": idx_stat.st_size,
-            "bin_bytes": bin_stat.st_size,
-            "idx_mtime": idx_stat.st_mtime,
-            "bin_mtime": bin_stat.st_mtime,
-            "idx_sha256": _sha256_file(idx_path),
+            "idx_bytes": os.path.getsize(idx_path),
+            "bin_bytes": os.path.getsize(bin_path),
+            "idx_sha256": content_hash.full_sha256(idx_path),
+            "bin_sample": content_hash.sample_description(),
+            "bin_sampled_sha256": content_hash.sampled_sha256(bin_path),
             "dtype": np.dtype(self._dtype).name,
             "num_documents": len(self._doc_idx) - 1,
             "num_tokens": self.num_tokens,
         }
 
-    def check_unchanged(self) -> None:
-        """Raise if the files differ from when they were opened (A16: no change while mapped)."""
-        now = self.fingerprint()
-        changed = sorted(k for k, v in self.opened_fingerprint.items() if now[k] != v)
-        if changed:
-            raise RuntimeError(
-                f"indexed dataset {self._path} changed on disk after it was opened "
-                f"({', '.join(changed)} differ). Training would read mixed data; restore the "
-                "original files or restart the run."
-            )
-
     def verify_checksum(self, expected_sha256: str | None = None) -> str:
         """Full sha256 of the `.bin`; raises when `expected_sha256` is given and differs."""
-        digest = _sha256_file(data_file_path(self._path))
+        digest = content_hash.full_sha256(data_file_path(self._path))
         if expected_sha256 is not None and digest != expected_sha256:
             raise ValueError(f"{data_file_path(self._path)}: expected sha256 {expected_sha256}, "
                              f"found {digest}; the token file was modified or corrupted")
@@ -338,14 +373,6 @@ def make_dataset(path: str, impl: str = "mmap", skip_warmup: bool = True) -> MMa
     if impl not in ("mmap", "infer"):
         raise ValueError(f"data_impl {impl!r} is not supported; use 'mmap'")
     return MMapIndexedDataset(path, skip_warmup=skip_warmup)
-
-
-def _sha256_file(path: str, block: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _warmup(path: str) -> None:

@@ -98,6 +98,7 @@ REGISTRIES: dict[str, Registry] = {
         Registry("checkpoint_scale", ("linear", "log")),
         Registry("distributed_backend", ("auto", "nccl", "gloo")),
         Registry("data_impl", ("mmap", "infer"), ("cached",)),
+        Registry("data_fingerprint", ("sampled", "full")),
         Registry("precision", ("fp32", "fp16", "bf16", "bfloat16")),
         Registry("log_level", ("debug", "info", "warning", "error"), case_sensitive=False),
     )

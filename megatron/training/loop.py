@@ -17,8 +17,8 @@ from megatron.checkpointing import load_checkpoint, save_checkpoint, should_save
 from megatron.checkpointing.layout import iteration_of, read_latest
 from megatron.checkpointing.locate import newest_good_iteration
 from megatron.checkpointing.model_shape import vocab_for_run
-from megatron.data.fingerprints import (check_datasets_unchanged, compare_fingerprints,
-                                        dataset_fingerprints)
+from megatron.data.fingerprints import (check_datasets_unchanged, check_file_sizes,
+                                        compare_fingerprints, dataset_fingerprints)
 from megatron.model.config import model_config_from_args
 from megatron.monitoring.logger import get_logger, print_rank_0
 from megatron.monitoring.profiler import StepProfiler
@@ -126,7 +126,7 @@ def _pretrain(args) -> RunState:
     counts = sample_counts(args)
     train_ds, valid_ds, _ = build_datasets(args, counts, tokenizer.vocab_size)
     datasets = [d for d in (train_ds, valid_ds) if d is not None]
-    state.data_fingerprints = dataset_fingerprints(*datasets, content_only=True)
+    state.data_fingerprints = dataset_fingerprints(*datasets, mode=args.data.data_fingerprint)
     check_same_data(args, resumed, state.data_fingerprints)
     coords = topology.coords(rank)
     d = args.data
@@ -145,6 +145,9 @@ def _pretrain(args) -> RunState:
     profiler = StepProfiler.from_args(args, engine, state.iteration)
     try:
         _train(args, engine, state, train_iter, valid_iter, train_log, datasets, profiler)
+    except Exception:  # a failed read, here or in a loader worker (one killed by SIGBUS too):
+        check_file_sizes(*datasets)  # A16: name the token file that shrank, if one did
+        raise
     finally:
         profiler.close()
         tracker.close()

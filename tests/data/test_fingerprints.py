@@ -1,4 +1,5 @@
-"""Data fingerprints: found through built datasets, compared on content only, changes detected."""
+"""Data fingerprints: found through built datasets, compared on content only (sampled or full),
+changes detected while a run reads the files, also from a loader worker."""
 
 from __future__ import annotations
 
@@ -6,13 +7,15 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 
+from megatron.data.content_hash import sample_ranges
 from megatron.data.fingerprints import (CONTENT_KEYS, check_datasets_unchanged,
-                                        compare_fingerprints, dataset_fingerprints,
-                                        indexed_datasets)
-from megatron.data.indexed_dataset import MMapIndexedDataset
-from megatron.data.loaders import build_train_valid_test_datasets
+                                        check_file_sizes, compare_fingerprints,
+                                        dataset_fingerprints, indexed_datasets)
+from megatron.data.indexed_dataset import MMapIndexedDataset, TokenFileChanged
+from megatron.data.loaders import build_data_loader, build_train_valid_test_datasets
 
 
 @pytest.fixture
@@ -49,9 +52,14 @@ def test_same_data_compares_equal_after_a_json_round_trip(prefixes):
     saved = json.loads(json.dumps(dataset_fingerprints(train)))
     assert compare_fingerprints(saved, dataset_fingerprints(train)) == []
     assert compare_fingerprints(list(saved.values()), dataset_fingerprints(train)) == []
-    content = dataset_fingerprints(train, content_only=True)
-    assert sorted(content[a]) == sorted(("prefix",) + CONTENT_KEYS)
-    assert compare_fingerprints(content, dataset_fingerprints(train)) == []
+    assert sorted(saved[a]) == sorted({"prefix", "bin_sample", *CONTENT_KEYS} - {"bin_sha256"})
+    full = dataset_fingerprints(train, mode="full")
+    assert full[a]["bin_sha256"] == MMapIndexedDataset(a).verify_checksum()
+    # a checkpoint of a sampled run resumed in full mode and back compares what both hold
+    assert compare_fingerprints(saved, full) == compare_fingerprints(full, saved) == []
+    with pytest.raises(ValueError, match="data_fingerprint 'some' is not a valid choice; choose "
+                                         "one of: sampled, full"):
+        dataset_fingerprints(train, mode="some")
 
 
 def test_data_copied_elsewhere_with_new_mtimes_still_matches(prefixes, tmp_path):
@@ -66,9 +74,7 @@ def test_data_copied_elsewhere_with_new_mtimes_still_matches(prefixes, tmp_path)
             os.utime(moved / (os.path.basename(prefix) + ext), (1, 1))
     copied, _, _ = build(train_data_paths=[str(moved / "a"), str(moved / "b")],
                          train_valid_test_num_samples=(20, 0, 0))
-    current = dataset_fingerprints(copied)
-    assert current[str(moved / "a")]["idx_mtime"] != saved[a]["idx_mtime"]
-    assert compare_fingerprints(saved, current) == []
+    assert compare_fingerprints(saved, dataset_fingerprints(copied)) == []
 
 
 def test_changed_added_and_dropped_files_are_named(prefixes, tmp_path, write_dataset,
@@ -98,13 +104,80 @@ def test_moved_and_changed_file_is_paired_by_name(prefixes, tmp_path):
         f"{a} (now {tmp_path / 'new' / 'a'}): dtype was uint16 in the checkpoint, is int32 now"]
 
 
-def test_files_changed_while_open_are_detected(prefixes):
+def test_files_changed_while_open_are_detected_but_touch_is_not(prefixes):
     a, b = prefixes
     train, valid, _ = build(train_data_paths=[a, b], valid_data_paths=[a],
                             train_valid_test_num_samples=(20, 5, 0))
     check_datasets_unchanged(train, valid, None)
-    with open(b + ".bin", "r+b") as f:  # same size and index; new bytes and mtime
+    for path in (a + ".bin", a + ".idx", b + ".bin"):
+        os.utime(path)  # touch: new mtime, same content
+    check_datasets_unchanged(train, valid)
+    with open(b + ".bin", "r+b") as f:  # same size and index, new bytes
         f.write(b"\xff\xff")
-    os.utime(b + ".bin", (1, 1))
-    with pytest.raises(RuntimeError, match=f"indexed dataset {b} changed on disk"):
+    with pytest.raises(TokenFileChanged, match=f"changed on disk while training read them: {b}: "
+                                              "bin_sampled_sha256 was [0-9a-f]{12}... when this "
+                                              "run opened it, is [0-9a-f]{12}... now"):
         check_datasets_unchanged(train, valid)
+    os.remove(a + ".idx")
+    with pytest.raises(TokenFileChanged, match=f"{a}.idx was removed"):
+        check_datasets_unchanged(train, valid)
+
+
+@pytest.fixture
+def big_prefix(tmp_path, write_dataset):
+    """A 6 MB .bin: bigger than the 64 sampled blocks of 64 KiB, so gaps lie between them."""
+    prefix = str(tmp_path / "big")
+    rng = np.random.default_rng(0)
+    write_dataset(prefix, [rng.integers(0, 50000, 3000) for _ in range(1000)])
+    return prefix
+
+
+def flip(path: str, offset: int, count: int = 8) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        data = f.read(count)
+        f.seek(offset)
+        f.write(bytes(255 - x for x in data))
+
+
+def test_same_size_change_in_a_sampled_block_is_caught_in_either_mode(big_prefix):
+    saved = dataset_fingerprints(MMapIndexedDataset(big_prefix), mode="full")
+    offset, length = sample_ranges(saved[big_prefix]["bin_bytes"])[10]
+    flip(big_prefix + ".bin", offset + length // 2)
+    problems = compare_fingerprints(saved, dataset_fingerprints(MMapIndexedDataset(big_prefix)))
+    assert [p.split(" was ")[0] for p in problems] == [f"{big_prefix}: bin_sampled_sha256"]
+    full = dataset_fingerprints(MMapIndexedDataset(big_prefix), mode="full")
+    assert [p.split(" was ")[0] for p in compare_fingerprints(saved, full)] == [
+        f"{big_prefix}: bin_sampled_sha256", f"{big_prefix}: bin_sha256"]
+
+
+def test_same_size_change_between_sampled_blocks_is_caught_only_in_full_mode(big_prefix):
+    saved = dataset_fingerprints(MMapIndexedDataset(big_prefix), mode="full")
+    (first, length), (second, _) = sample_ranges(saved[big_prefix]["bin_bytes"])[:2]
+    assert second - (first + length) > 8
+    flip(big_prefix + ".bin", first + length + 2)
+    sampled = dataset_fingerprints(MMapIndexedDataset(big_prefix))
+    assert compare_fingerprints(saved, sampled) == []  # what sampled hashing cannot see
+    full = dataset_fingerprints(MMapIndexedDataset(big_prefix), mode="full")
+    assert [p.split(" was ")[0] for p in compare_fingerprints(saved, full)] == [
+        f"{big_prefix}: bin_sha256"]
+
+
+def test_a_loader_worker_reading_an_index_that_shrank_names_it(prefixes):
+    """The worker checks the mapped .idx's size before reading it (reading past its new end
+    would kill the worker with SIGBUS, which torch reports as a shared-memory problem)."""
+    a, _ = prefixes
+    train, _, _ = build(data_path=a, split="1", train_valid_test_num_samples=(40, 0, 0))
+    idx_bytes = os.path.getsize(a + ".idx")
+    loader = build_data_loader(train, 0, micro_batch_size=2, data_parallel_rank=0,
+                               data_parallel_size=1, num_workers=1)
+    batches = iter(loader)
+    next(batches)
+    check_file_sizes(train)
+    os.truncate(a + ".idx", 0)
+    expected = f"{a}.idx shrank while training read it: expected {idx_bytes} bytes .* found 0 bytes"
+    with pytest.raises(TokenFileChanged, match=f"in DataLoader worker process 0(.|\n)*{expected}"):
+        for _ in batches:
+            pass
+    with pytest.raises(TokenFileChanged, match=f"^{expected}"):
+        check_file_sizes(train)

@@ -5,15 +5,21 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import signal
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from megatron.data.indexed_dataset import (MMapIndexedDataset, MMapIndexedDatasetBuilder,
-                                           best_fitting_dtype, data_file_path, index_file_path,
-                                           make_builder, make_dataset)
+                                           TokenFileChanged, best_fitting_dtype, data_file_path,
+                                           index_file_path, make_builder, make_dataset)
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def hand_made_index(sizes, doc_idx, code, itemsize):
@@ -83,6 +89,7 @@ def test_pickled_reader_reopens_the_files(small_dataset):
     prefix, docs, ds = small_dataset
     clone = pickle.loads(pickle.dumps(ds))
     assert clone[7].tolist() == docs[7].tolist()
+    assert clone.opened_fingerprint == ds.opened_fingerprint  # carried, not hashed again
     assert make_dataset(prefix)[7].tolist() == docs[7].tolist()
 
 
@@ -237,7 +244,7 @@ def test_merge_appends_items_and_documents(tmp_path, write_dataset):
     other.abort()
 
 
-def test_fingerprint_checksum_and_change_detection(small_dataset):
+def test_fingerprint_is_content_only_and_the_full_checksum_on_request(small_dataset):
     prefix, docs, ds = small_dataset
     fp = ds.fingerprint()
     with open(index_file_path(prefix), "rb") as f:
@@ -245,17 +252,69 @@ def test_fingerprint_checksum_and_change_detection(small_dataset):
     with open(data_file_path(prefix), "rb") as f:
         bin_sha = hashlib.sha256(f.read()).hexdigest()
     assert fp["bin_bytes"] == os.path.getsize(data_file_path(prefix))
+    assert fp["bin_sampled_sha256"] == bin_sha  # a file under 64 x 64 KiB is sampled whole
     assert fp["num_documents"] == len(docs) and fp["dtype"] == "uint16"
     assert fp["num_tokens"] == sum(len(d) for d in docs)
+    assert "bin_sha256" not in fp
+    assert not [k for k in fp if "time" in k]
+    assert fp == ds.opened_fingerprint
+    os.utime(data_file_path(prefix), (1, 1))  # touch: the same content
+    assert ds.fingerprint() == fp
     assert ds.verify_checksum() == bin_sha
-    ds.check_unchanged()
     with pytest.raises(ValueError, match="expected sha256 0000"):
         ds.verify_checksum("0000")
-    with open(data_file_path(prefix), "r+b") as f:  # same size, new content and mtime
-        f.write(b"\x01\x02")
-    os.utime(data_file_path(prefix), (1, 1))
-    with pytest.raises(RuntimeError, match="bin_mtime"):
-        ds.check_unchanged()
+
+
+def test_reads_after_the_bin_shrank_name_the_file_and_both_sizes(small_dataset):
+    """A memory-mapped read past the new end would die of SIGBUS; this one raises."""
+    prefix, docs, ds = small_dataset
+    ds.check_sizes()
+    size = os.path.getsize(data_file_path(prefix))
+    keep = int(ds.pointers[2])  # documents 0 and 1 stay readable
+    with open(data_file_path(prefix), "r+b") as f:
+        f.truncate(keep)
+    assert ds[1].tolist() == docs[1].tolist()
+    pattern = (f"{data_file_path(prefix)} shrank while training read it: expected {size} bytes "
+               rf"\(as when it was opened\), found {keep} bytes")
+    with pytest.raises(TokenFileChanged, match=pattern):
+        ds[len(docs) - 1]
+    with pytest.raises(TokenFileChanged, match=pattern):
+        ds[0:len(docs)]
+    with pytest.raises(TokenFileChanged, match=pattern):
+        ds.check_sizes()
+
+
+READ_AFTER_TRUNCATION = """
+import os, sys
+import numpy as np
+from megatron.data.indexed_dataset import MMapIndexedDataset
+prefix, how = sys.argv[1:]
+dataset, mapped = MMapIndexedDataset(prefix), np.memmap(prefix + ".bin", np.uint16, mode="r")
+os.truncate(prefix + ".bin", 0)
+print(mapped[-1] if how == "memmap" else dataset[len(dataset) - 1])
+"""
+
+
+@pytest.mark.parametrize("how", ["memmap", "reader"])
+def test_reading_a_bin_that_shrank_raises_where_a_mapped_read_dies_of_sigbus(small_dataset, how):
+    prefix, _, _ = small_dataset
+    proc = subprocess.run([sys.executable, "-c", READ_AFTER_TRUNCATION, prefix, how],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if how == "memmap":
+        assert proc.returncode == -signal.SIGBUS, proc.stderr
+    else:
+        assert proc.returncode == 1, proc.stderr
+        assert f"TokenFileChanged: {data_file_path(prefix)} shrank" in proc.stderr
+
+
+def test_an_index_that_shrank_is_named_by_the_size_check(small_dataset):
+    prefix, _, ds = small_dataset
+    size = os.path.getsize(index_file_path(prefix))
+    os.truncate(index_file_path(prefix), 0)  # reading ds.sizes now would be SIGBUS
+    with pytest.raises(TokenFileChanged, match=f"{index_file_path(prefix)} shrank while training "
+                                               f"read it: expected {size} bytes"):
+        ds.check_sizes()
 
 
 def test_max_token_id_and_vocab_check(small_dataset):

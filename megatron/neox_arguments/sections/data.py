@@ -46,7 +46,7 @@ class DataArgs:
         "infer", "Indexed dataset format: infer (read from each .idx header) or mmap; only the "
         "mmap format exists here (GPT-NeoX's older 'cached' format is refused by name)."
     )
-    mmap_warmup: bool = option(False, "Read through memory-mapped data once at start-up.")
+    mmap_warmup: bool = option(False, "Read every .bin once at start-up so the page cache holds it.")
     num_workers: int = option(2, "Data-loader worker processes per rank.")
     eod_mask_loss: bool = option(False, "Exclude end-of-document tokens from the loss.")
     reset_position_ids: bool = option(
@@ -57,6 +57,12 @@ class DataArgs:
     )
     data_cache_dir: str | None = option(
         None, "Directory for the sample-index caches; null writes them beside the data."
+    )
+    data_fingerprint: str = option(
+        "sampled",
+        "How checkpoints fingerprint each .bin: sampled (sha256 of 64 blocks of 64 KiB at fixed "
+        "offsets, blind to changes between them) or full (sha256 of every byte, read at start-up "
+        "on every rank).",
     )
 
 
