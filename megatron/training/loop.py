@@ -22,7 +22,7 @@ from megatron.model.config import model_config_from_args
 from megatron.monitoring.logger import get_logger, print_rank_0
 from megatron.monitoring.trackers import MetricsTracker
 from megatron.mpu.groups import ProcessGroups
-from megatron.mpu.initialize import destroy_distributed, init_distributed
+from megatron.mpu.initialize import collective_timeout, destroy_distributed, init_distributed
 from megatron.mpu.topology import Topology
 from megatron.neox_arguments import padded_vocab_size
 from megatron.tokenizer import build_tokenizer
@@ -79,7 +79,8 @@ def setup_engine(args):
                                 args.tokenizer.merge_file)
     vocab = _model_vocab(args, tokenizer)
     model_config = model_config_from_args(args, vocab)
-    engine = build_engine(args, model_config, ProcessGroups.build(topology))
+    timeout = collective_timeout(args.launcher.distributed_timeout_minutes)
+    engine = build_engine(args, model_config, ProcessGroups.build(topology, timeout))
     return engine, topology, tokenizer, model_config
 
 
