@@ -135,6 +135,7 @@ CASES = [
     ({"deepspeed_extra_args": {"optimizer": {"type": "Adam"}}}, None,
      "deepspeed_extra_args.optimizer would replace the value generated from optimizer"),
     ({"num_gpus": 0}, None, "num_gpus(0) must be at least 1"),
+    ({"hang_timeout_minutes": -1}, None, "hang_timeout_minutes(-1.0) must be at least 0"),
 ]
 
 
