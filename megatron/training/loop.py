@@ -32,6 +32,7 @@ from megatron.training.engine import build_engine
 from megatron.training.flops import flops_per_token
 from megatron.training.step import eval_step, train_step
 from megatron.training.train_log import TrainLog
+from megatron.safety import watchdog
 from megatron.safety.guard import StepGuard, TrainingStopped, weights_finite
 
 log = get_logger(__name__)
@@ -65,7 +66,8 @@ def pretrain(args) -> RunState:
     init_distributed(args.parallelism.distributed_backend,
                      args.launcher.distributed_timeout_minutes, args.launcher)
     try:
-        return _pretrain(args.with_world_size(dist.get_world_size()))
+        with watchdog.running(args, dist.get_rank(), dist.get_world_size()):  # A4
+            return _pretrain(args.with_world_size(dist.get_world_size()))
     finally:
         destroy_distributed()
 
@@ -112,7 +114,8 @@ def _pretrain(args) -> RunState:
     rank = dist.get_rank()
     engine, topology, tokenizer, model_config = setup_engine(args)
     state = RunState()
-    resumed = load_checkpoint(engine, args.checkpoint)
+    with watchdog.phase("checkpoint load"):
+        resumed = load_checkpoint(engine, args.checkpoint)
     state.iteration = int(resumed.get("iteration", 0))
     train, valid = implied_position(args, state.iteration)
     state.consumed_train_samples = int(resumed.get("consumed_train_samples", train))
@@ -196,7 +199,8 @@ def _train(args, engine, state: RunState, train_iter, valid_iter, train_log: Tra
     while state.iteration < t.train_iters:
         train_log.before_step(state.iteration + 1)
         skipped = engine.engine.skipped_steps
-        loss = train_step(engine, train_iter)
+        with watchdog.phase("train step", state.iteration + 1):
+            loss = train_step(engine, train_iter)
         state.iteration += 1
         state.consumed_train_samples += gbs
         state.interval_losses.append(loss)
@@ -270,7 +274,8 @@ def _save_if_sound(args, engine, state: RunState, guard, datasets: list) -> bool
                         _last_good(args))
         return False
     check_datasets_unchanged(*datasets)  # A16: the files did not change under us
-    save_checkpoint(engine, args.checkpoint, state.iteration, state.client_state())
+    with watchdog.phase("checkpoint save", state.iteration):
+        save_checkpoint(engine, args.checkpoint, state.iteration, state.client_state())
     return True
 
 
@@ -284,7 +289,8 @@ def _last_good(args) -> str:
 def _evaluate(args, engine, state: RunState, valid_iter, tracker) -> None:
     losses = []
     for _ in range(args.training.eval_iters):
-        losses.append(eval_step(engine, valid_iter))
+        with watchdog.phase("eval step", state.iteration):
+            losses.append(eval_step(engine, valid_iter))
         state.consumed_valid_samples += args.derived.train_batch_size
     val_loss = sum(losses) / len(losses)
     ppl = float(np.exp(min(val_loss, 50.0)))
