@@ -1,12 +1,16 @@
 """Process groups built once from a `Topology` and passed explicitly (no module globals, A3).
 
-`ProcessGroups.build(topology)` must be called by every rank, in the same order, after the
-default process group is initialised. Layers receive only the `TensorParallel` view they need.
+`ProcessGroups.build(topology, timeout)` must be called by every rank, in the same order, after
+the default process group is initialised. Layers receive only the `TensorParallel` view they need.
+`timeout` is the process-group timeout of the run (`collective_timeout` of
+distributed_timeout_minutes); torch's `new_group` does not inherit the default group's, it uses
+its own default (30 minutes for gloo).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -54,7 +58,7 @@ class ProcessGroups:
     pp_group: object
 
     @classmethod
-    def build(cls, topology: Topology) -> "ProcessGroups":
+    def build(cls, topology: Topology, timeout: timedelta | None = None) -> "ProcessGroups":
         if not dist.is_initialized():
             raise RuntimeError("process groups were requested before torch.distributed was "
                                "initialised: call megatron.mpu.initialize.init_distributed first")
@@ -79,7 +83,7 @@ class ProcessGroups:
                 if members in seen:
                     continue
                 seen.add(members)
-                group = dist.new_group(list(members))
+                group = dist.new_group(list(members), timeout=timeout)
                 if rank in members:
                     mine[kind] = group
         _BUILT_FOR["topology"] = topology

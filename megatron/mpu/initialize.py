@@ -52,17 +52,44 @@ def init_distributed(backend: str, timeout_minutes: float,
 
     disable_deepspeed_shm_allreduce()
     backend = resolve_backend(backend)
-    timeout = timedelta(seconds=max(1.0, timeout_minutes * 60.0))
+    timeout = collective_timeout(timeout_minutes)
     try:
         deepspeed.init_distributed(dist_backend=backend, timeout=timeout, auto_mpi_discovery=False,
                                    verbose=False)
     except Exception as err:  # the store/rendezvous raises several types for the same cause
         raise RuntimeError(distributed_timeout_message(timeout_minutes, err)) from None
+    apply_timeout_to_deepspeed_groups(timeout)
     # gloo's connect can succeed while a peer never shows up: one barrier proves the group works.
     try:
         dist.barrier()
     except Exception as err:
         raise RuntimeError(distributed_timeout_message(timeout_minutes, err)) from None
+
+
+def collective_timeout(timeout_minutes: float) -> timedelta:
+    """The timeout of every process group of the run (distributed_timeout_minutes, at least
+    1 s). gloo applies it to each collective operation; nccl's watchdog aborts a collective
+    that runs longer."""
+    return timedelta(seconds=max(1.0, timeout_minutes * 60.0))
+
+
+def apply_timeout_to_deepspeed_groups(timeout: timedelta) -> None:
+    """Give the groups DeepSpeed creates itself (pipeline grid, tied layers, ZeRO) `timeout`.
+
+    DeepSpeed's torch backend creates them with `torch.distributed.new_group(ranks)`, which
+    does not inherit the default group's timeout but takes torch's default (30 minutes for
+    gloo, 10 for nccl). The backend object lives as long as this process group.
+    """
+    import torch.distributed as dist
+    from deepspeed.comm import comm as ds_comm
+    from deepspeed.comm.torch import TorchBackend
+
+    backend = ds_comm.cdb
+    if not isinstance(backend, TorchBackend):
+        log.warning("DeepSpeed's communication backend is %s, not its torch backend: the groups "
+                    "DeepSpeed creates keep torch's default timeout", type(backend).__name__)
+        return
+    backend.new_group = lambda ranks: dist.new_group(ranks, timeout=timeout)
 
 
 def resolve_launch_env(environ: Mapping[str, str],

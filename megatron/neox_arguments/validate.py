@@ -340,7 +340,9 @@ def _intervals(c: Config, world_size: int | None) -> Iterator[str]:
                          "generation_batch_size", "eval_batch_size", "loss_spike_window",
                          "max_bad_steps")
     yield from _at_least(c, 0, "max_rollbacks", "eval_iters", "num_workers", "iteration", "top_k",
-                         "eval_num_fewshot", "temperature", "eval_bootstrap_iters")
+                         "eval_num_fewshot", "temperature", "eval_bootstrap_iters",
+                         "hang_timeout_minutes", "hang_step_factor",
+                         "hang_timeout_checkpoint_minutes")
     if not 0 <= c["seed"] < 2**32:
         yield f"seed({c['seed']}) must be in [0, 2**32)."
     if c["loss_spike_factor"] is not None and c["loss_spike_factor"] <= 1:

@@ -129,7 +129,7 @@ def inference_runtime(args):
     import torch.distributed as dist
 
     from megatron.mpu.groups import ProcessGroups
-    from megatron.mpu.initialize import destroy_distributed, init_distributed
+    from megatron.mpu.initialize import collective_timeout, destroy_distributed, init_distributed
     from megatron.mpu.topology import Topology
     from megatron.tokenizer import build_tokenizer
 
@@ -141,7 +141,8 @@ def inference_runtime(args):
             log.info("pipe_parallel_size %d is folded into replicas for inference: every "
                      "tensor-parallel group holds all layers", args.parallelism.pipe_parallel_size)
         topology = Topology.from_world(world, tp, 1)
-        groups = ProcessGroups.build(topology)
+        groups = ProcessGroups.build(
+            topology, collective_timeout(args.launcher.distributed_timeout_minutes))
         rank = dist.get_rank()
         replicas = Replicas(topology.coords(rank).data, topology.dp, rank == 0, topology)
         log.info("inference on %d rank(s): model_parallel_size %d, %d replica(s)", world, tp,

@@ -24,7 +24,7 @@ from megatron.monitoring.logger import get_logger, print_rank_0
 from megatron.monitoring.profiler import StepProfiler
 from megatron.monitoring.trackers import MetricsTracker
 from megatron.mpu.groups import ProcessGroups
-from megatron.mpu.initialize import destroy_distributed, init_distributed
+from megatron.mpu.initialize import collective_timeout, destroy_distributed, init_distributed
 from megatron.mpu.topology import Topology
 from megatron.neox_arguments import padded_vocab_size
 from megatron.tokenizer import build_tokenizer
@@ -34,6 +34,7 @@ from megatron.training.engine import build_engine
 from megatron.training.flops import flops_per_token
 from megatron.training.step import eval_step, train_step
 from megatron.training.train_log import TrainLog
+from megatron.safety import watchdog
 from megatron.safety.guard import StepGuard, TrainingStopped, weights_finite
 from megatron.safety.lock import run_lock
 from megatron.safety.signals import Preempted, StopSignals
@@ -69,7 +70,8 @@ def pretrain(args) -> RunState:
     init_distributed(args.parallelism.distributed_backend,
                      args.launcher.distributed_timeout_minutes, args.launcher)
     try:
-        with run_lock(args.checkpoint.save):  # one run per save directory
+        with run_lock(args.checkpoint.save), \
+                watchdog.running(args, dist.get_rank(), dist.get_world_size()):  # A33, A4
             return _pretrain(args.with_world_size(dist.get_world_size()))
     finally:
         destroy_distributed()
@@ -84,7 +86,8 @@ def setup_engine(args):
                                 args.tokenizer.merge_file)
     vocab = _model_vocab(args, tokenizer)
     model_config = model_config_from_args(args, vocab)
-    engine = build_engine(args, model_config, ProcessGroups.build(topology))
+    timeout = collective_timeout(args.launcher.distributed_timeout_minutes)
+    engine = build_engine(args, model_config, ProcessGroups.build(topology, timeout))
     return engine, topology, tokenizer, model_config
 
 
@@ -116,7 +119,8 @@ def _pretrain(args) -> RunState:
     rank = dist.get_rank()
     engine, topology, tokenizer, model_config = setup_engine(args)
     state = RunState()
-    resumed = load_checkpoint(engine, args.checkpoint)
+    with watchdog.phase("checkpoint load"):
+        resumed = load_checkpoint(engine, args.checkpoint)
     state.iteration = int(resumed.get("iteration", 0))
     train, valid = implied_position(args, state.iteration)
     state.consumed_train_samples = int(resumed.get("consumed_train_samples", train))
@@ -222,7 +226,8 @@ def _train_steps(args, engine, state: RunState, train_iter, valid_iter, train_lo
     while state.iteration < t.train_iters:
         train_log.before_step(state.iteration + 1)
         skipped = engine.engine.skipped_steps
-        with profiler.step(state.iteration + 1):
+        with profiler.step(state.iteration + 1), watchdog.phase("train step",
+                                                                state.iteration + 1):
             loss = train_step(engine, train_iter)
         state.iteration += 1
         state.consumed_train_samples += gbs
@@ -309,7 +314,8 @@ def _save_if_sound(args, engine, state: RunState, guard, datasets: list) -> bool
                         _last_good(args))
         return False
     check_datasets_unchanged(*datasets)  # A16: the files did not change under us
-    save_checkpoint(engine, args.checkpoint, state.iteration, state.client_state())
+    with watchdog.phase("checkpoint save", state.iteration):
+        save_checkpoint(engine, args.checkpoint, state.iteration, state.client_state())
     return True
 
 
@@ -323,7 +329,8 @@ def _last_good(args) -> str:
 def _evaluate(args, engine, state: RunState, valid_iter, tracker) -> None:
     losses = []
     for _ in range(args.training.eval_iters):
-        losses.append(eval_step(engine, valid_iter))
+        with watchdog.phase("eval step", state.iteration):
+            losses.append(eval_step(engine, valid_iter))
         state.consumed_valid_samples += args.derived.train_batch_size
     val_loss = sum(losses) / len(losses)
     ppl = float(np.exp(min(val_loss, 50.0)))

@@ -147,6 +147,7 @@ CASES = [
      "profile is true but neither tensorboard_dir nor log_dir is set; set tensorboard_dir"),
     ({"memory_profiling": True, "profile_step_start": 2, "profile_step_stop": 4}, None,
      "memory_profiling is true but memory_profiling_path is not set"),
+    ({"hang_timeout_minutes": -1}, None, "hang_timeout_minutes(-1.0) must be at least 0"),
 ]
 
 

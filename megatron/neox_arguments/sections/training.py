@@ -51,3 +51,17 @@ class TrainingArgs:
     max_rollbacks: int = option(
         3, "Rollbacks bad_step_policy rollback makes before the run stops."
     )
+    hang_timeout_minutes: float | None = option(
+        10.0,
+        "Hang watchdog: a train or eval step running longer than this, or than hang_step_factor "
+        "times the median step if longer, ends the job with code 124 after every live rank "
+        "prints its stack and names the ranks not progressing (0 or null: no watchdog).",
+    )
+    hang_step_factor: float = option(
+        20.0, "Multiple of the median train step a step may take (0: hang_timeout_minutes only)."
+    )
+    hang_timeout_checkpoint_minutes: float | None = option(
+        60.0,
+        "Hang watchdog limit of a checkpoint save or load, and of the first step after start-up "
+        "(warm-up) when longer than the step limit (0 or null: saves and loads not watched).",
+    )

@@ -1,0 +1,57 @@
+"""Every process group of a run has the configured timeout (distributed_timeout_minutes), not
+only the world group: the project's tensor/data/pipeline groups and the groups DeepSpeed creates
+itself. torch's new_group would otherwise give them its default of 30 minutes (gloo)."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import torch
+
+from megatron.mpu.groups import ProcessGroups
+from megatron.mpu.initialize import collective_timeout, init_distributed
+from megatron.mpu.topology import Topology
+from tests.distributed import run_distributed
+
+MINUTES = 0.05  # 3 s
+
+
+def _timeout(group) -> timedelta:
+    return group._get_backend(torch.device("cpu")).options._timeout
+
+
+def _group_timeouts(rank, world, done_file):
+    import torch.distributed as dist
+    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology, PipelineParallelGrid
+
+    init_distributed("gloo", MINUTES)
+    ours = ProcessGroups.build(Topology(tp=1, pp=1, dp=2), collective_timeout(MINUTES))
+    grid = PipelineParallelGrid(topology=PipeDataParallelTopology(num_pp=1, num_dp=2))
+    timeouts = {"world": _timeout(dist.group.WORLD), "tp": _timeout(ours.tp_group),
+                "dp": _timeout(ours.dp_group), "pp": _timeout(ours.pp_group),
+                "deepspeed dp": _timeout(grid.get_data_parallel_group()),
+                "deepspeed slice": _timeout(grid.get_slice_parallel_group())}
+    # what a user sees: rank 1 never joins the all-reduce on DeepSpeed's group; rank 0 fails
+    # after the configured timeout instead of waiting 30 minutes
+    outcome = None
+    if timeouts["deepspeed dp"] != timedelta(seconds=3):
+        return timeouts, outcome  # the all-reduce below would wait for torch's default
+    if rank == 0:
+        try:
+            dist.all_reduce(torch.ones(1), group=grid.get_data_parallel_group())
+            outcome = "completed"
+        except RuntimeError as err:
+            outcome = str(err)
+        done_file.write_text("done")
+    else:
+        while not done_file.exists():
+            time.sleep(0.1)
+    return timeouts, outcome
+
+
+def test_every_group_gets_the_configured_timeout(tmp_path):
+    results = run_distributed(_group_timeouts, 2, tmp_path / "done", join=False)
+    for timeouts, _ in results:
+        assert timeouts == dict.fromkeys(timeouts, timedelta(seconds=3)), timeouts
+    assert "Timed out waiting 3000ms" in results[0][1]

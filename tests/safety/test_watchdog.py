@@ -1,0 +1,128 @@
+"""The hang watchdog on real processes and signals (megatron/safety/watchdog.py, heartbeat.py):
+a phase past its limit ends the process with code 124 after printing what it was doing, its
+stack, and the peer that stopped progressing; limits follow the config; a run that keeps its
+limits is left alone and leaves heartbeats that say where it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from megatron.safety import watchdog
+from megatron.safety.heartbeat import who
+from megatron.safety.watchdog import EXIT_CODE, Limits, Watchdog
+from tests.runs import ROOT
+
+# generous bound for a process that must end on its own; the limits under test are ~1 s
+ENDS_WITHIN = 60
+
+
+def training(minutes=10.0, factor=20.0, checkpoint=60.0):
+    return SimpleNamespace(hang_timeout_minutes=minutes, hang_step_factor=factor,
+                           hang_timeout_checkpoint_minutes=checkpoint)
+
+
+def test_limits_follow_the_config():
+    limits = Limits.from_training(training())
+    assert limits.of("train step", None) == 3600  # first step: warm-up may take the long limit
+    assert limits.of("train step", 2.0) == 600  # 20 x 2 s is under the 10-minute floor
+    assert limits.of("eval step", 60.0) == 1200  # 20 x the median train step
+    assert limits.of("checkpoint save", 60.0) == limits.of("checkpoint load", None) == 3600
+    no_checkpoint = Limits.from_training(training(checkpoint=0))
+    assert no_checkpoint.of("checkpoint save", 1.0) is None
+    assert no_checkpoint.of("train step", None) == 600
+    assert Limits.from_training(training(minutes=0)) is None
+    assert Limits.from_training(training(minutes=None)) is None
+    with pytest.raises(ValueError, match="no phase 'backward'; watched phases: train step"):
+        limits.of("backward", 1.0)
+
+
+def test_rank_lists_read_as_ranges():
+    assert who([3]) == "rank 3"
+    assert who([9, 0, 2, 3, 4, 5]) == "ranks 0, 2-5, 9"
+
+
+def worker(rank: int, world: int, log_dir, limit: float) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "tests.safety.hang_worker", str(rank),
+                             str(world), str(log_dir), str(limit)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_beat(heartbeats, rank: int, proc: subprocess.Popen, iteration: int,
+                  within: float = ENDS_WITHIN) -> dict:
+    """Rank `rank`'s heartbeat once it is in a train step at `iteration` or later; `proc` is
+    the process tree that must still be running."""
+    path = heartbeats / f"rank{rank:05d}.json"
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            beat = json.loads(path.read_text())
+            if beat["phase"] == "train step" and beat["iteration"] >= iteration:
+                return beat
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"no heartbeat of rank {rank} at iteration {iteration} in {path}: "
+                         f"{proc.communicate(timeout=60) if proc.poll() is not None else ''}")
+
+
+def test_a_step_past_its_limit_ends_the_rank_and_names_the_stopped_peer(tmp_path):
+    """Rank 1 is stopped (SIGSTOP) in its third step; rank 0, waiting there, reports after its
+    1 s limit: its own state and stack, and rank 1 as the rank whose heartbeat stopped."""
+    stopped = worker(1, 2, tmp_path, 6.0)  # stopped long before its own limit
+    try:
+        beat = wait_for_beat(tmp_path / "heartbeats", 1, stopped, 3)
+        os.kill(stopped.pid, signal.SIGSTOP)
+        waiting = worker(0, 2, tmp_path, 1.0)
+        out, err = waiting.communicate(timeout=ENDS_WITHIN)
+    finally:
+        os.kill(stopped.pid, signal.SIGKILL)
+        stopped.wait()
+    assert waiting.returncode == EXIT_CODE, err
+    host = beat["host"]
+    assert (f"hang watchdog: rank 0 (host {host}, pid {waiting.pid}): iteration 3, phase train "
+            "step has run ") in err
+    assert "(limit 1.0 s), at threading.py:" in err  # where it waits
+    assert re.search(r"\(wait\), from tests/safety/hang_worker.py:\d+ \(wait_for_peer\)", err)
+    assert re.search(r'File ".*hang_worker.py", line \d+ in wait_for_peer', err)  # the stack
+    assert (f"rank 1 (host {host}, pid {stopped.pid}) is not progressing: its heartbeat "
+            "stopped at iteration 3, train step") in err, err
+    assert f"rank 0 exits with code {EXIT_CODE}" in err
+
+
+def test_a_run_within_its_limits_is_left_alone_and_its_heartbeat_says_where_it_was(tmp_path):
+    dog = Watchdog(Limits(step=30.0, step_factor=0.0, checkpoint=None), rank=2, world_size=4,
+                   heartbeat_dir=tmp_path)
+    dog.start()
+    try:
+        with dog.phase("train step", 1):
+            time.sleep(0.05)
+        with dog.phase("checkpoint save", 1):  # not watched: no checkpoint limit
+            pass
+        between = json.loads((tmp_path / "rank00002.json").read_text())
+    finally:
+        dog.stop()
+    assert between["rank"] == 2 and between["pid"] == os.getpid()
+    assert between["phase"] in ("start-up", "after train step", "after checkpoint save")
+    last = json.loads((tmp_path / "rank00002.json").read_text())
+    assert (last["phase"], last["iteration"]) == ("run ended", 1)
+    assert last["beat"] > between["beat"]
+
+
+def test_phases_do_nothing_without_a_running_watchdog():
+    with watchdog.phase("train step", 1):
+        pass
+    args = SimpleNamespace(training=training(minutes=0), logging=SimpleNamespace(log_dir=None))
+    with watchdog.running(args, 0, 1) as dog:
+        assert dog is None
+        with watchdog.phase("no such phase"):  # nothing checks it
+            pass
