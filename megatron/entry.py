@@ -97,7 +97,8 @@ def _is_option_or_file(item: str) -> bool:
 
 
 def run_entry(main: Callable[[], int | None]) -> int:
-    """Run `main`, mapping user errors to a one-line message and exit status 1."""
+    """Run `main`, mapping user errors to a one-line message and exit status 1 (3 for a stop
+    by the loss guard, 128 + the signal for a stop on SIGTERM / SIGINT)."""
     setup_logging()
     try:
         return int(main() or 0)
@@ -111,7 +112,7 @@ def run_entry(main: Callable[[], int | None]) -> int:
         rank = os.environ.get("RANK")
         prefix = f"error (rank {rank}): " if rank is not None else "error: "
         print(prefix + str(err), file=sys.stderr, flush=True)
-        return 1
+        return getattr(err, "exit_status", 1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

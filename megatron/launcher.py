@@ -271,11 +271,9 @@ def worker_args(argv: list[str]):
 
 def launch(script: str, argv: list[str]) -> int:
     """Resolve the config named on the command line and run `script` on every worker."""
-    import subprocess
-
     from megatron.entry import split_command_line
     from megatron.neox_arguments import NeoXArgs
-    from megatron.preflight import preflight
+    from megatron.restart import run_with_restarts
 
     if not Path(script).is_file():
         raise FileNotFoundError(f"script {script} does not exist; usage: python deepy.py "
@@ -285,6 +283,15 @@ def launch(script: str, argv: list[str]) -> int:
         raise ValueError("no config file given; usage: python deepy.py train.py configs/a.yml "
                          "[configs/b.yml] [key=value ...]")
     args = NeoXArgs.from_ymls(files, overrides)
+    return run_with_restarts(args, script, lambda attempt_args: run_once(attempt_args, script))
+
+
+def run_once(args, script: str) -> int:
+    """Check, plan and run one launch of every worker; the launcher's exit status."""
+    import subprocess
+
+    from megatron.preflight import preflight
+
     plan = plan_launch(args, script)
     preflight(args, script)
     env = {**os.environ, **plan.env}

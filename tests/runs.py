@@ -68,3 +68,39 @@ def read_metrics(log_dir: Path) -> tuple[list[dict], list[dict]]:
 
 def explain(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+
+
+def worker_processes(launcher_pid: int, script: str = "train.py") -> list:
+    """The worker processes (one per rank) running `script` under the launch started as
+    `launcher_pid`: processes with the script and the config flag on their command line whose
+    parent is not one (a worker's data-loader processes are), and not a launcher module."""
+    import psutil
+
+    found = {}
+    for child in psutil.Process(launcher_pid).children(recursive=True):
+        try:
+            argv = child.cmdline()
+            if script in " ".join(argv) and "--neox_args" in argv and \
+                    not any(a.startswith("deepspeed.launcher") for a in argv):
+                found[child.pid] = child
+        except psutil.NoSuchProcess:
+            continue
+    workers = []
+    for child in found.values():
+        try:
+            if child.ppid() not in found:
+                workers.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return workers
+
+
+def wait_for_text(path: Path, text: str, proc: subprocess.Popen, limit: float = 300) -> None:
+    """Wait until `text` appears in the file `proc` writes its output to (it must keep running)."""
+    import time
+
+    deadline = time.time() + limit
+    while text not in path.read_text():
+        assert proc.poll() is None, path.read_text()[-3000:]
+        assert time.time() < deadline, path.read_text()[-3000:]
+        time.sleep(0.2)

@@ -435,6 +435,14 @@ def _launcher(c: Config, world_size: int | None) -> Iterator[str]:
     if not c["distributed_timeout_minutes"] > 0:
         minutes = c["distributed_timeout_minutes"]
         yield f"distributed_timeout_minutes({minutes}) must be greater than 0."
+    yield from _at_least(c, 0, "max_restarts")
+    if c["max_restarts"] and not c["save"]:
+        yield (f"max_restarts({c['max_restarts']}) restarts from the checkpoints in `save`, which "
+               "is not set; set save=<dir> (and checkpoint_factor), or max_restarts=0.")
+    if c["max_restarts"] and c["no_ssh"]:
+        yield (f"max_restarts({c['max_restarts']}) cannot restart a job launched one node at a "
+               "time (no_ssh): the nodes would restart apart; restart the job from outside "
+               "(e.g. your scheduler's requeue), or set max_restarts=0.")
     bad = [v for v in c["export_env_vars"] if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v)]
     if bad:
         yield f"export_env_vars has invalid variable names: {', '.join(map(repr, bad))}."

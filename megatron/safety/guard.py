@@ -28,7 +28,10 @@ POLICIES = ("skip", "stop", "rollback")
 
 
 class TrainingStopped(RuntimeError):
-    """The guard stopped the run; the message says at which iteration and why."""
+    """The guard stopped the run; the message says at which iteration and why. Workers exit
+    with `exit_status`, which tells deepy.py not to restart the run (max_restarts)."""
+
+    exit_status = 3
 
 
 @dataclass(frozen=True)

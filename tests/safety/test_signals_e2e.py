@@ -7,25 +7,10 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 
-from tests.runs import ROOT, tiny_overrides
-
-
-def workers(deepy: subprocess.Popen) -> list[psutil.Process]:
-    """The training workers DeepSpeed's launcher started under `deepy` (not their data-loader
-    processes)."""
-    found = []
-    for child in psutil.Process(deepy.pid).children(recursive=True):
-        try:
-            parent = " ".join(child.parent().cmdline())
-            if "train.py" in child.cmdline() and "deepspeed.launcher.launch" in parent:
-                found.append(child)
-        except psutil.NoSuchProcess:
-            continue
-    return found
+from tests.runs import ROOT, tiny_overrides, wait_for_text, worker_processes
 
 
 def start(small_data, run, **extra) -> tuple[subprocess.Popen, object]:
@@ -38,21 +23,13 @@ def start(small_data, run, **extra) -> tuple[subprocess.Popen, object]:
     return proc, log
 
 
-def wait_for(path, text: str, proc, limit: float = 300) -> None:
-    deadline = time.time() + limit
-    while text not in path.read_text():
-        assert proc.poll() is None, path.read_text()[-3000:]
-        assert time.time() < deadline, path.read_text()[-3000:]
-        time.sleep(0.5)
-
-
 def test_sigterm_to_one_worker_saves_the_step_and_exits_143(small_data, tmp_path):
     run = tmp_path / "run"
     proc, log = start(small_data, run)
     pids = []
     try:
-        wait_for(tmp_path / "run.log", "iteration      3/", proc)
-        found = workers(proc)
+        wait_for_text(tmp_path / "run.log", "iteration      3/", proc)
+        found = worker_processes(proc.pid)
         pids = [p.pid for p in found]
         assert len(found) == 2
         found[1].send_signal(signal.SIGTERM)

@@ -72,6 +72,12 @@ class LauncherArgs:
     no_ssh_check: bool = option(
         False, "Skip DeepSpeed's check that the hostfile's first host answers ssh (srun, mpirun)."
     )
+    max_restarts: int = option(
+        0,
+        "Restarts after the workers fail (a worker killed or crashed, a hang): the job starts "
+        "again from the newest valid checkpoint in `save`, up to this many times. Not after a "
+        "finished run, a stop on SIGTERM/SIGINT, or a guard stop (bad_step_policy).",
+    )
     export_env_vars: list[str] = option(
         DEFAULT_EXPORT_ENV_VARS,
         "Environment variables copied from the launching shell to every worker when set there.",
