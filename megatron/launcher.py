@@ -25,7 +25,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from megatron.monitoring.logger import get_logger
+from megatron.monitoring.logger import get_logger, setup_logging
 from megatron.neox_arguments.sections.launcher import MPI_LAUNCHERS, MULTI_NODE_MASTER_PORT
 
 log = get_logger(__name__)
@@ -266,7 +266,9 @@ def worker_args(argv: list[str]):
         raise ValueError(f"this script runs on workers started by the launcher and expects "
                          f"{CONFIG_FLAG}; start it as: python deepy.py {Path(sys.argv[0]).name} "
                          "<config.yml> [more.yml] [key=value ...]")
-    return NeoXArgs.decode(argv[argv.index(CONFIG_FLAG) + 1])
+    args = NeoXArgs.decode(argv[argv.index(CONFIG_FLAG) + 1])
+    setup_logging(args.logging.log_level)
+    return args
 
 
 def launch(script: str, argv: list[str]) -> int:
@@ -283,6 +285,7 @@ def launch(script: str, argv: list[str]) -> int:
         raise ValueError("no config file given; usage: python deepy.py train.py configs/a.yml "
                          "[configs/b.yml] [key=value ...]")
     args = NeoXArgs.from_ymls(files, overrides)
+    setup_logging(args.logging.log_level)
     return run_with_restarts(args, script, lambda attempt_args: run_once(attempt_args, script))
 
 

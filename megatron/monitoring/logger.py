@@ -7,6 +7,8 @@ distributed), so every rank can call it unconditionally.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import sys
@@ -68,3 +70,19 @@ def print_rank_0(message: str) -> None:
     """Print a line to stdout on global rank 0 only (flushed, so launchers show it at once)."""
     if global_rank() == 0:
         print(message, flush=True)
+
+
+@contextlib.contextmanager
+def deepspeed_prints():
+    """Pass what DeepSpeed print()s inside the block (its pipeline banners and layer listing,
+    its every-`steps_per_print` loss line) to the debug log: shown with `log_level: debug`,
+    hidden otherwise, so the console carries one line per event. DeepSpeed's logger, its
+    warnings and errors are not affected."""
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buffer):
+            yield
+    finally:
+        lines = [line for line in buffer.getvalue().splitlines() if line.strip()]
+        if lines:
+            get_logger("deepspeed").debug("%s", "\n".join(lines))

@@ -1,7 +1,9 @@
 """Where training metrics go: the console, `<log_dir>/metrics.jsonl`, TensorBoard, wandb, Comet.
 
-Only the rank that owns the logged values (global rank 0) writes, and every sink gets the same
-metric names. Optional trackers that are configured but not installed fail with the install
+Only the rank that owns the logged values (global rank 0) writes. metrics.jsonl keeps flat
+names (`lm_loss`, `val_loss`, ...); TensorBoard, wandb and Comet get GPT-NeoX's tags
+(`train/lm_loss`, `validation/lm_loss`, `runtime/tokens_per_sec`, ...: TRACKER_TAGS), so
+dashboards built for GPT-NeoX runs show these too. Optional trackers that are configured but not installed fail with the install
 command, before any worker starts (`check_trackers_installed`, A7); wandb and Comet without
 credentials log offline and say so (A2).
 """
@@ -21,6 +23,35 @@ from megatron.monitoring.logger import get_logger, print_rank_0
 log = get_logger(__name__)
 
 DEFAULT_WANDB_HOST = "https://api.wandb.ai"  # GPT-NeoX's default wandb_host
+
+
+# metrics.jsonl name -> (the tag TensorBoard, wandb and Comet get, as GPT-NeoX names it; the
+# factor from our unit to that tag's). Names with a '/' keep theirs; others go under train/.
+TRACKER_TAGS = {
+    "lm_loss": ("train/lm_loss", 1.0),
+    "learning_rate": ("train/learning_rate", 1.0),
+    "grad_norm": ("train/grad_norm", 1.0),
+    "consumed_samples": ("train/consumed_samples", 1.0),
+    "tokens_per_sec": ("runtime/tokens_per_sec", 1.0),
+    "samples_per_sec": ("runtime/samples_per_sec", 1.0),
+    "iteration_time_ms": ("runtime/iteration_time", 1e-3),  # GPT-NeoX's is in seconds
+    "data_wait_ms": ("runtime/data_wait_ms", 1.0),
+    "memory_gib": ("runtime/memory_gib", 1.0),
+    "model_tflops_per_gpu": ("runtime/flops_per_sec_per_gpu", 1e12),  # in FLOP/s
+    "mfu": ("runtime/model_flops_utilization", 1.0),
+    "val_loss": ("validation/lm_loss", 1.0),
+    "val_ppl": ("validation/lm_loss_ppl", 1.0),
+    "test_loss": ("test/lm_loss", 1.0),
+    "test_ppl": ("test/lm_loss_ppl", 1.0),
+}
+
+
+def tracker_tag(name: str, value: float) -> tuple[str, float]:
+    """(tag, value) as TensorBoard, wandb and Comet show the metric `name` (see TRACKER_TAGS)."""
+    if "/" in name:
+        return name, value
+    tag, factor = TRACKER_TAGS.get(name, (f"train/{name}", 1.0))
+    return tag, value * factor if factor != 1.0 else value
 
 
 def _jsonable(value):
@@ -77,7 +108,8 @@ class MetricsTracker:
         if self._jsonl is not None:
             self._jsonl.write(json.dumps(record) + "\n")
             self._jsonl.flush()
-        numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        numbers = dict(tracker_tag(k, v) for k, v in metrics.items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool))
         if self._tb is not None:
             for key, value in numbers.items():
                 self._tb.add_scalar(key, value, step)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from megatron.checkpointing.run import RunDescription
 from megatron.model.config import ModelConfig
 from megatron.model.gpt import GPTModel, build_pipeline_model
-from megatron.monitoring.logger import get_logger
+from megatron.monitoring.logger import deepspeed_prints, get_logger
 from megatron.mpu.deepspeed_adapter import DeepSpeedMPU
 from megatron.mpu.groups import ProcessGroups, TensorParallel
 from megatron.mpu.initialize import disable_deepspeed_shm_allreduce
@@ -43,8 +43,9 @@ def build_model(args, model_config: ModelConfig, topology: Topology, tp: TensorP
     par = args.parallelism
     if par.pipe_parallel_size >= 1:
         interval = par.checkpoint_num_layers if par.checkpoint_activations else 0
-        return build_pipeline_model(model_config, topology.deepspeed_topology(),
-                                    par.pipe_partition_method, interval, tp)
+        with deepspeed_prints():  # its seed, topology and layer listing: debug lines
+            return build_pipeline_model(model_config, topology.deepspeed_topology(),
+                                        par.pipe_partition_method, interval, tp)
     return GPTModel(model_config, tp, checkpoint_activations=par.checkpoint_activations)
 
 

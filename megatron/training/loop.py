@@ -38,6 +38,7 @@ from megatron.safety import watchdog
 from megatron.safety.guard import StepGuard, TrainingStopped, weights_finite
 from megatron.safety.lock import run_lock
 from megatron.safety.signals import Preempted, StopSignals
+from megatron.training.run_summary import RunSummary
 
 log = get_logger(__name__)
 
@@ -128,7 +129,7 @@ def _pretrain(args) -> RunState:
     check_ranks_agree(state)
 
     counts = sample_counts(args)
-    train_ds, valid_ds, _ = build_datasets(args, counts, tokenizer.vocab_size)
+    train_ds, valid_ds, test_ds = build_datasets(args, counts, tokenizer.vocab_size)
     datasets = [d for d in (train_ds, valid_ds) if d is not None]
     state.data_fingerprints = dataset_fingerprints(*datasets, mode=args.data.data_fingerprint)
     check_same_data(args, resumed, state.data_fingerprints)
@@ -139,16 +140,19 @@ def _pretrain(args) -> RunState:
                                       topology.dp, options)
     valid_iter = micro_batch_iterator(valid_ds, state.consumed_valid_samples, args, coords.data,
                                       topology.dp, options)
+    def test_iter():  # built at the end: its loader workers start only then
+        return micro_batch_iterator(test_ds, 0, args, coords.data, topology.dp, options)
     tracker = MetricsTracker.from_args(args, enabled=rank == 0)
     print_rank_0(f"training {model_config.num_layers} layers x {model_config.hidden_size} hidden, "
                  f"{sum(p.numel() for p in engine.engine.module.parameters()):,} parameters on this "
                  f"rank, tp={topology.tp} pp={topology.pp} dp={topology.dp}, from iteration "
                  f"{state.iteration} to {args.training.train_iters}")
     train_log = TrainLog(args, engine, tracker,
-                         flops_per_token(model_config, args.model.seq_length))
+                         flops_per_token(model_config, args.model.seq_length), state.iteration)
     profiler = StepProfiler.from_args(args, engine, state.iteration)
     try:
-        _train(args, engine, state, train_iter, valid_iter, train_log, datasets, profiler)
+        _train(args, engine, state, (train_iter, valid_iter, test_iter), train_log, datasets,
+               profiler)
     except Exception:  # a failed read, here or in a loader worker (one killed by SIGBUS too):
         check_file_sizes(*datasets)  # A16: name the token file that shrank, if one did
         raise
@@ -199,24 +203,41 @@ def check_ranks_agree(state: RunState) -> None:
             "from different saves: load an earlier checkpoint")
 
 
-def _train(args, engine, state: RunState, train_iter, valid_iter, train_log: TrainLog,
-           datasets: list, profiler: StepProfiler) -> None:
-    ck = args.checkpoint
-    guard = StepGuard.from_args(args.training)
+def _train(args, engine, state: RunState, iterators, train_log: TrainLog, datasets: list,
+           profiler: StepProfiler) -> None:
+    """Train, then (at train_iters) evaluate the validation split, save, evaluate the test
+    split, as GPT-NeoX does, and print the run's summary."""
+    ck, t = args.checkpoint, args.training
+    train_iter, valid_iter, test_iter = iterators
+    guard = StepGuard.from_args(t)
+    summary = RunSummary(args, state.iteration)
     with StopSignals() as stops:
         saved_at = _train_steps(args, engine, state, train_iter, valid_iter, train_log, datasets,
-                                guard, stops, profiler)
+                                guard, stops, profiler, summary)
+    finished = state.iteration >= t.train_iters
+    evaluated = bool(summary.evals["validation"]) and \
+        summary.evals["validation"][-1][0] == state.iteration
+    if finished and valid_iter is not None and t.eval_iters and not evaluated:
+        _evaluate(args, engine, state, valid_iter, train_log.tracker, summary)
     if ck.save and saved_at != state.iteration and state.iteration > 0:
         _save_if_sound(args, engine, state, guard, datasets)
+    test_batches = test_iter() if finished and t.eval_iters else None
+    if test_batches is not None:
+        _evaluate(args, engine, state, test_batches, train_log.tracker, summary, split="test")
     latest = read_latest(ck.save) if ck.save else None
-    if latest:
-        print_rank_0(f"checkpoint of iteration {iteration_of(latest)}: "
-                     f"{os.path.abspath(ck.save)}/{latest}")
+    checkpoint = f"{os.path.abspath(ck.save)}/{latest}" if latest else None
+    rate = None
+    if train_log.train_seconds > 0:
+        rate = ((state.iteration - summary.start_iteration) * args.derived.train_batch_size
+                * args.model.seq_length / train_log.train_seconds)
+    if dist.get_rank() == 0:
+        summary.finish(state.iteration, train_log.train_seconds, train_log.tflops_per_gpu(rate),
+                       checkpoint, write=True)
 
 
 def _train_steps(args, engine, state: RunState, train_iter, valid_iter, train_log: TrainLog,
                  datasets: list, guard: StepGuard, stops: StopSignals,
-                 profiler: StepProfiler) -> int | None:
+                 profiler: StepProfiler, summary: RunSummary) -> int | None:
     """Train to train_iters (or exit_interval); returns the iteration last saved. A signal
     ends it after the step with a checkpoint (Preempted)."""
     t, ck = args.training, args.checkpoint
@@ -243,7 +264,7 @@ def _train_steps(args, engine, state: RunState, train_iter, valid_iter, train_lo
             state.interval_losses.clear()
             interval_start = time.perf_counter()
         if t.eval_interval and state.iteration % t.eval_interval == 0 and valid_iter is not None:
-            _evaluate(args, engine, state, valid_iter, train_log.tracker)
+            _evaluate(args, engine, state, valid_iter, train_log.tracker, summary)
             interval_start = time.perf_counter()
         if ck.save and should_save(state.iteration, ck.checkpoint_factor, ck.checkpoint_scale,
                                    ck.extra_save_iters):
@@ -326,14 +347,21 @@ def _last_good(args) -> str:
             else "no good checkpoint was saved")
 
 
-def _evaluate(args, engine, state: RunState, valid_iter, tracker) -> None:
+def _evaluate(args, engine, state: RunState, data_iter, tracker, summary: RunSummary,
+              split: str = "validation") -> None:
+    """eval_iters batches of the validation split (where it stands) or of the test split
+    (from its start), logged as val_loss/val_ppl or test_loss/test_ppl."""
     losses = []
     for _ in range(args.training.eval_iters):
         with watchdog.phase("eval step", state.iteration):
-            losses.append(eval_step(engine, valid_iter))
-        state.consumed_valid_samples += args.derived.train_batch_size
-    val_loss = sum(losses) / len(losses)
-    ppl = float(np.exp(min(val_loss, 50.0)))
-    tracker.log({"val_loss": val_loss, "val_ppl": ppl}, state.iteration,
-                console=f" validation at iteration {state.iteration} | val_loss {val_loss:.4f} | "
-                        f"val_ppl {ppl:.2f}")
+            losses.append(eval_step(engine, data_iter))
+        if split == "validation":
+            state.consumed_valid_samples += args.derived.train_batch_size
+    loss = sum(losses) / len(losses)
+    ppl = float(np.exp(min(loss, 50.0)))
+    summary.add_eval(split, state.iteration, loss)
+    short = "val" if split == "validation" else "test"
+    when = (f"at iteration {state.iteration}" if split == "validation"
+            else f"at the end of training (iteration {state.iteration})")
+    tracker.log({f"{short}_loss": loss, f"{short}_ppl": ppl}, state.iteration,
+                console=f" {split} {when} | {short}_loss {loss:.4f} | {short}_ppl {ppl:.2f}")

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch.profiler import record_function
 
 from megatron.model.gpt import lm_loss
+from megatron.monitoring.logger import deepspeed_prints
 from megatron.monitoring.profiler import BACKWARD, FORWARD, GET_BATCH, OPTIMIZER_STEP
 
 
@@ -32,7 +33,8 @@ def train_step(engine, micro_batches) -> float:
     """
     ds = engine.engine
     if engine.is_pipeline:
-        return ds.train_batch(data_iter=micro_batches).item()
+        with deepspeed_prints():
+            return ds.train_batch(data_iter=micro_batches).item()
     total = torch.zeros(())
     steps = ds.gradient_accumulation_steps()
     for _ in range(steps):
@@ -53,7 +55,8 @@ def eval_step(engine, micro_batches) -> float:
     """The loss over one global batch without updating anything."""
     ds = engine.engine
     if engine.is_pipeline:
-        return ds.eval_batch(data_iter=micro_batches).item()
+        with deepspeed_prints():
+            return ds.eval_batch(data_iter=micro_batches).item()
     ds.eval()
     total = torch.zeros(())
     steps = ds.gradient_accumulation_steps()

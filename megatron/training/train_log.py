@@ -2,7 +2,9 @@
 
 Every `log_interval` iterations (and at the last one) one record goes to the trackers: the mean
 `lm_loss` of the interval, `learning_rate`, the unclipped global `grad_norm` of the last step,
-`tokens_per_sec`, `iteration_time_ms`, `data_wait_ms` and `consumed_samples`. Two config keys
+`tokens_per_sec`, `iteration_time_ms`, `data_wait_ms`, `consumed_samples` and `memory_gib` (GPU
+peak allocated under CUDA, else the process's RSS). The console line adds the elapsed time and
+an ETA at the run's mean pace. Two config keys
 add to it, as in GPT-NeoX:
 
 - `peak_theoretical_tflops`: `model_tflops_per_gpu`, the model TFLOP/s achieved per device
@@ -14,6 +16,8 @@ add to it, as in GPT-NeoX:
 
 from __future__ import annotations
 
+import time
+
 from megatron.monitoring.trackers import MetricsTracker
 from megatron.training.flops import mfu_percent, model_tflops_per_device
 from megatron.training.grad_norms import GradNormProbe
@@ -22,7 +26,8 @@ from megatron.training.grad_norms import GradNormProbe
 class TrainLog:
     """Decides which iterations are logged and writes their record."""
 
-    def __init__(self, args, engine, tracker: MetricsTracker, flops_per_token: float):
+    def __init__(self, args, engine, tracker: MetricsTracker, flops_per_token: float,
+                 start_iteration: int = 0):
         self.tracker = tracker
         self._log_interval = args.logging.log_interval
         self._train_iters = args.training.train_iters
@@ -31,6 +36,15 @@ class TrainLog:
         self._peak = args.logging.peak_theoretical_tflops
         self._flops_per_token = flops_per_token
         self._probe = GradNormProbe(engine) if args.logging.log_grad_norm else None
+        self._start_iteration = start_iteration
+        self._start_time = time.perf_counter()
+        self.train_seconds = 0.0  # in the logged intervals: steps only, no eval or save
+
+    def tflops_per_gpu(self, tokens_per_sec: float | None) -> float | None:
+        """Model TFLOP/s per device at `tokens_per_sec` (None without a rate)."""
+        if not tokens_per_sec:
+            return None
+        return model_tflops_per_device(self._flops_per_token, tokens_per_sec, self._world_size)
 
     def is_logged(self, iteration: int) -> bool:
         return iteration % self._log_interval == 0 or iteration == self._train_iters
@@ -49,23 +63,52 @@ class TrainLog:
         grad_norm = engine.engine.get_global_grad_norm()
         grad_norm = float(grad_norm) if grad_norm is not None else None
         iter_time = elapsed / n
+        self.train_seconds += elapsed
         metrics = {"lm_loss": loss, "learning_rate": lr, "grad_norm": grad_norm,
                    "tokens_per_sec": self._tokens_per_iter / iter_time,
                    "iteration_time_ms": iter_time * 1e3, "data_wait_ms": data_wait / n * 1e3,
                    "consumed_samples": consumed_samples}
         if grad_norm is None:
             del metrics["grad_norm"]
+        metrics["memory_gib"] = memory_gib()
         line = (f" iteration {iteration:>6}/{self._train_iters} | lm_loss {loss:.4f} | "
                 f"lr {lr:.3e} | "
                 + (f"grad_norm {grad_norm:.3f} | " if grad_norm is not None else "")
-                + f"{metrics['tokens_per_sec']:,.0f} tokens/s | {iter_time * 1e3:.1f} ms/iter | "
-                f"data wait {metrics['data_wait_ms']:.1f} ms")
+                + f"{metrics['tokens_per_sec']:,.0f} tokens/s | {iter_time * 1e3:.1f} ms/iter")
         if self._peak is not None:
             tflops = model_tflops_per_device(self._flops_per_token, metrics["tokens_per_sec"],
                                              self._world_size)
             metrics["model_tflops_per_gpu"] = tflops
             metrics["mfu"] = mfu_percent(tflops, self._peak)
             line += f" | {tflops:.2f} model TFLOP/s per GPU | MFU {metrics['mfu']:.2f}%"
+        line += f" | mem {metrics['memory_gib']:.2f} GiB | " + self.progress(iteration)
         if self._probe is not None:
             metrics.update(self._probe.take())
         self.tracker.log(metrics, iteration, console=line)
+
+    def progress(self, iteration: int) -> str:
+        """`elapsed H:MM:SS, ETA H:MM:SS`: wall time since this run started training, and the
+        remaining iterations at this run's mean pace so far (evaluations and saves included)."""
+        elapsed = time.perf_counter() - self._start_time
+        done = iteration - self._start_iteration
+        left = max(self._train_iters - iteration, 0)
+        eta = clock(elapsed / done * left) if done > 0 else "?"
+        return f"elapsed {clock(elapsed)}, ETA {eta}"
+
+
+def clock(seconds: float) -> str:
+    """Seconds as H:MM:SS."""
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def memory_gib() -> float:
+    """This process's memory in GiB (2^30 bytes): the peak allocated on the GPU under CUDA,
+    else the resident set size (RSS) on the host."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_allocated() / 2**30
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**30

@@ -1,10 +1,11 @@
 """GPT-NeoX's own configs/local_setup_comet.yml on a real run (`python deepy.py train.py
 configs/tiny.yml local_setup_comet.yml ...`, one process): with no Comet API key on the worker
 the experiment is logged offline under log_dir, and its archive holds what GPT-NeoX's setup asks
-for and the metrics the other trackers get, under the same names."""
+for and the metrics the other trackers get, under GPT-NeoX's tags (train/lm_loss, validation/...)."""
 
 import math
 
+from megatron.monitoring.trackers import tracker_tag
 from tests.monitoring.comet_archive import read_comet_archive
 from tests.runs import ROOT, SHORT_RUN, deepy, explain, read_metrics, tiny_overrides
 
@@ -43,6 +44,8 @@ def test_neox_comet_setup_logs_an_offline_experiment(small_data, tmp_path, monke
         for name, value in record.items():
             if name in ("iteration", "time"):
                 continue
-            assert math.isclose(archive.metrics[name][step], value, rel_tol=1e-6), (name, step)
-    assert {"lm_loss", "learning_rate", "grad_norm", "val_loss", "val_ppl"} <= set(archive.metrics)
-    assert sorted(archive.metrics["lm_loss"]) == [2, 4]
+            tag, expected = tracker_tag(name, value)
+            assert math.isclose(archive.metrics[tag][step], expected, rel_tol=1e-6), (name, step)
+    assert {"train/lm_loss", "train/learning_rate", "train/grad_norm", "validation/lm_loss",
+            "validation/lm_loss_ppl", "test/lm_loss"} <= set(archive.metrics)
+    assert sorted(archive.metrics["train/lm_loss"]) == [2, 4]

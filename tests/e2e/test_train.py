@@ -2,6 +2,7 @@
 gloo processes, the built-in corpus. Each asserts what a user reads afterwards: the loss trace,
 validation lines, checkpoint files, and the iteration a resumed run starts from."""
 
+import json
 import math
 from pathlib import Path
 
@@ -9,6 +10,10 @@ import pytest
 
 from megatron.neox_arguments import NeoXArgs
 from tests.runs import deepy, explain, read_metrics, tiny_overrides
+
+
+def records(run):
+    return [json.loads(line) for line in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
 
 
 def losses(records):
@@ -42,6 +47,12 @@ def test_two_processes_train_evaluate_save_and_resume(small_data, tmp_path):
         assert "mfu" not in r and "model_tflops_per_gpu" not in r
         assert not [k for k in r if k.startswith("gradient_norms/")]
     assert "MFU" not in proc.stdout
+    # one line per interval: DeepSpeed's own loss line and pipeline banners are debug output
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(" iteration ")]
+    assert len(lines) == 6 and all(" | mem " in ln and ", ETA " in ln for ln in lines), lines
+    assert lines[-1].endswith("ETA 0:00:00")
+    for noise in ("steps: ", "SEED_LAYERS", "Using topology", "stage=0 layers="):
+        assert noise not in proc.stdout + proc.stderr, noise
     ckpt = run / "ckpt"
     assert (ckpt / "latest").read_text().strip() == "global_step30"
     assert sorted(p.name for p in ckpt.iterdir()) == ["global_step10", "global_step20",
@@ -51,7 +62,18 @@ def test_two_processes_train_evaluate_save_and_resume(small_data, tmp_path):
     saved = NeoXArgs.from_yml_saved(ckpt / "global_step30" / "config.yml")
     assert saved == NeoXArgs.from_ymls(["configs/tiny.yml"], over)
     assert saved.train_iters == 30 and saved.seq_length == 64 and saved.data_path == prefix
-    assert f"checkpoint of iteration 30: {ckpt}/global_step30" in proc.stdout
+    # the end of the run: the test split evaluated, the summary printed and written
+    assert " test at the end of training (iteration 30) | test_loss " in proc.stdout
+    assert f"  checkpoint: {ckpt}/global_step30\n" in proc.stdout
+    summary = json.loads((run / "logs" / "run_summary.json").read_text())
+    assert summary["end_iteration"] == 30 and summary["tokens"] == 30 * 16 * 64
+    assert summary["final_val_loss"] == val[-1]["val_loss"]
+    assert summary["best_val_loss"] == min(r["val_loss"] for r in val)
+    test_record = [r for r in records(run) if "test_loss" in r]
+    assert [r["iteration"] for r in test_record] == [30]
+    assert summary["test_loss"] == test_record[0]["test_loss"]
+    assert f"run finished at iteration 30/30: 30 iterations, {30 * 16 * 64:,} tokens in " \
+        in proc.stdout
     assert list((run / "tb").glob("events.out.tfevents.*")), "no TensorBoard event file"
     assert list((run / "logs").glob("wandb/offline-run-*")), "no offline wandb run"
 
@@ -116,7 +138,12 @@ def test_mfu_and_per_parameter_gradient_norms_when_asked_for(small_data, tmp_pat
     events = EventAccumulator(str(run / "tb"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"mfu", "model_tflops_per_gpu", "gradient_norms/0.word_embeddings.weight"} <= tags
+    # GPT-NeoX's tags, so dashboards made for its runs work
+    assert {"runtime/model_flops_utilization", "runtime/flops_per_sec_per_gpu", "train/lm_loss",
+            "train/learning_rate", "runtime/tokens_per_sec", "validation/lm_loss",
+            "test/lm_loss", "gradient_norms/0.word_embeddings.weight"} <= tags
+    flops = [e.value for e in events.Scalars("runtime/flops_per_sec_per_gpu")]
+    assert flops == pytest.approx([r["model_tflops_per_gpu"] * 1e12 for r in train], rel=1e-6)
     # a wandb_host other than the default runs (offline here; tests/monitoring checks that it
     # reaches wandb's settings)
     assert list((run / "logs").glob("wandb/offline-run-*/run-*.wandb"))

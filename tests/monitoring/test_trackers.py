@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from megatron.monitoring.trackers import (DEFAULT_WANDB_HOST, MetricsTracker, wandb_enabled,
-                                          wandb_has_credentials, wandb_server)
+                                          tracker_tag, wandb_has_credentials, wandb_server)
 from megatron.neox_arguments import NeoXArgs
 from megatron.preflight import preflight
 from tests.logs import Warnings
@@ -125,7 +125,7 @@ def test_comet_own_offline_settings_are_kept(tmp_path, no_comet_key, monkeypatch
     assert not warnings
     assert not (tmp_path / "logs" / "comet").exists()
     archive = read_comet_archive(tmp_path / "archives")
-    assert archive.experiment["project_name"] == "p" and archive.metrics["lm_loss"] == {3: 2.5}
+    assert archive.experiment["project_name"] == "p" and archive.metrics["train/lm_loss"] == {3: 2.5}
     assert "note" not in archive.metrics
 
 
@@ -144,3 +144,14 @@ def test_a_missing_tracker_package_is_refused_before_workers_start(monkeypatch):
     off = NeoXArgs.from_ymls([ROOT / "configs" / "tiny.yml"], {"use_comet": False})
     preflight(off, "eval.py")
     assert MetricsTracker.from_args(off, enabled=True)._comet is None
+
+
+def test_trackers_get_gpt_neox_tags_in_its_units():
+    assert tracker_tag("lm_loss", 2.5) == ("train/lm_loss", 2.5)
+    assert tracker_tag("val_ppl", 12.0) == ("validation/lm_loss_ppl", 12.0)
+    assert tracker_tag("test_loss", 3.0) == ("test/lm_loss", 3.0)
+    assert tracker_tag("iteration_time_ms", 250.0) == ("runtime/iteration_time", 0.25)
+    assert tracker_tag("model_tflops_per_gpu", 2.0) == ("runtime/flops_per_sec_per_gpu", 2e12)
+    assert tracker_tag("gradient_norms/0.word_embeddings.weight", 1.0) == \
+        ("gradient_norms/0.word_embeddings.weight", 1.0)
+    assert tracker_tag("something_new", 1.0) == ("train/something_new", 1.0)

@@ -13,7 +13,9 @@ class LoggingArgs:
 
     log_dir: str | None = option(None, "Directory for log files (null: stderr only).")
     log_interval: int = option(100, "Iterations between training-metric log lines.")
-    steps_per_print: int = option(10, "Iterations between DeepSpeed's own progress prints.")
+    steps_per_print: int = option(
+        10, "Iterations between DeepSpeed's own progress prints (shown at log_level debug)."
+    )
     tensorboard_dir: str | None = option(
         None, "Directory for TensorBoard event files (null: no TensorBoard)."
     )
@@ -82,5 +84,6 @@ class LoggingArgs:
         "GPU and MFU, in percent, against it (null: neither)."
     )
     log_level: str = option(
-        "info", "Log level of the project's logger: debug, info, warning or error."
+        "info", "Log level of deepy.py and the workers: debug, info, warning or error. debug also "
+        "shows what DeepSpeed prints (its pipeline layout, its steps_per_print loss line).",
     )
