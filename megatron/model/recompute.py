@@ -16,26 +16,46 @@ where the forward pass found it, and after the recompute puts it back where it h
 
 from __future__ import annotations
 
-import math
-
+from megatron.monitoring.logger import get_logger
 from megatron.mpu.groups import NO_TP, TensorParallel
+from megatron.neox_arguments.derived import activation_checkpoints
+
+log = get_logger(__name__)
 
 
-def num_checkpoints(num_layers: int, checkpoint_num_layers: int) -> int:
-    """How many checkpoints one forward pass stores: one per group of layers."""
-    return math.ceil(num_layers / checkpoint_num_layers)
+def checkpointing_notes(par, num_layers: int, tp_size: int, on_cuda: bool) -> list[str]:
+    """What activation checkpointing does in this run: one summary line, then a line for each
+    option that has nothing to act on here (so it is never silently a no-op)."""
+    notes = [f"activation checkpointing: {par.checkpoint_num_layers} layer(s) per checkpoint, "
+             f"{activation_checkpoints(num_layers, par.checkpoint_num_layers)} checkpoints per "
+             "forward pass, recomputed through deepspeed.checkpointing"]
+    if par.partition_activations and tp_size == 1:
+        notes.append("partition_activations: model_parallel_size is 1, so each checkpoint is "
+                     "kept whole (there is no other tensor-parallel rank to hold a part)")
+    if par.checkpoint_in_cpu and not on_cuda:
+        notes.append("checkpoint_in_cpu: the run is on CPU, so checkpoints are in CPU memory "
+                     "already; nothing is moved")
+    if par.synchronize_each_layer and not on_cuda:
+        notes.append("synchronize_each_layer: CPU operations complete before they return; the "
+                     "synchronisation at each checkpoint boundary waits for nothing")
+    return notes
 
 
 def configure_activation_checkpointing(par, num_layers: int, mpu) -> None:
     """Configure DeepSpeed's activation checkpointing from the parallelism section `par`;
     `mpu` answers the tensor-parallel rank, size and group partitioned activations use."""
+    import torch
     from deepspeed.runtime.activation_checkpointing import checkpointing
+
+    for note in checkpointing_notes(par, num_layers, mpu.get_model_parallel_world_size(),
+                                    torch.cuda.is_available()):
+        log.info("%s", note)
 
     checkpointing.configure(
         mpu,
         partition_activations=par.partition_activations,
         contiguous_checkpointing=par.contiguous_checkpointing,
-        num_checkpoints=num_checkpoints(num_layers, par.checkpoint_num_layers),
+        num_checkpoints=activation_checkpoints(num_layers, par.checkpoint_num_layers),
         checkpoint_in_cpu=par.checkpoint_in_cpu,
         synchronize=par.synchronize_each_layer,
     )

@@ -210,6 +210,12 @@ def mlp_width(
     return round_up(width, mlp_multiple_of)
 
 
+def activation_checkpoints(num_layers: int, checkpoint_num_layers: int) -> int:
+    """How many activation checkpoints one forward pass stores: one per group of
+    checkpoint_num_layers layers."""
+    return math.ceil(num_layers / checkpoint_num_layers)
+
+
 def decay_iterations(train_iters: int, lr_decay_iters: int | None,
                      lr_decay_fraction: float | None) -> int:
     """GPT-NeoX's decay length: lr_decay_iters, else floor(train_iters * lr_decay_fraction),

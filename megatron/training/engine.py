@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from megatron.checkpointing.run import RunDescription
 from megatron.model.config import ModelConfig
+from megatron.model.fusions import fusion_paths
 from megatron.model.gpt import GPTModel, build_pipeline_model
 from megatron.model.recompute import Recompute, configure_activation_checkpointing
 from megatron.monitoring.logger import get_logger
@@ -68,6 +69,8 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
     disable_deepspeed_shm_allreduce()
     check_precision_supported(args.derived.precision)
     tp = groups.tensor_parallel(args.training.seed, args.parallelism.sequence_parallel)
+    for line in fusion_paths(args.model):
+        log.info("%s", line)
     if args.parallelism.checkpoint_activations:
         configure_activation_checkpointing(args.parallelism, model_config.num_layers,
                                            DeepSpeedMPU(groups))
