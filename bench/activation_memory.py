@@ -67,9 +67,11 @@ def _case(rank: int, world: int, port: int, keys, seq: int, micro: int, results)
     from megatron.model.recompute import Recompute, configure_activation_checkpointing
     from megatron.mpu.deepspeed_adapter import DeepSpeedMPU
     from megatron.mpu.groups import ProcessGroups
+    from megatron.mpu.initialize import disable_deepspeed_shm_allreduce
     from megatron.mpu.topology import Topology
 
     torch.set_num_threads(1)
+    disable_deepspeed_shm_allreduce()  # its shared-memory buffer would count as step memory
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     groups = ProcessGroups.build(Topology(tp=world, pp=1, dp=1))
     tp = groups.tensor_parallel(seed=1234)
