@@ -45,7 +45,7 @@ def _status_kib(field: str) -> int:
 def _parallelism(keys: dict) -> SimpleNamespace:
     base = dict(checkpoint_activations=True, checkpoint_num_layers=1, partition_activations=False,
                 contiguous_checkpointing=False, checkpoint_in_cpu=False,
-                synchronize_each_layer=False)
+                synchronize_each_layer=False, pipe_parallel_size=0)
     return SimpleNamespace(**{**base, **keys})
 
 

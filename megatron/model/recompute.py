@@ -55,7 +55,8 @@ def configure_activation_checkpointing(par, num_layers: int, mpu) -> None:
         mpu,
         partition_activations=par.partition_activations,
         contiguous_checkpointing=par.contiguous_checkpointing,
-        num_checkpoints=activation_checkpoints(num_layers, par.checkpoint_num_layers),
+        num_checkpoints=activation_checkpoints(num_layers, par.checkpoint_num_layers,
+                                               par.pipe_parallel_size),
         checkpoint_in_cpu=par.checkpoint_in_cpu,
         synchronize=par.synchronize_each_layer,
     )

@@ -23,7 +23,7 @@ def parallelism(**overrides) -> SimpleNamespace:
     """The parallelism section's activation checkpointing keys."""
     keys = dict(checkpoint_activations=True, checkpoint_num_layers=1,
                 partition_activations=False, contiguous_checkpointing=False,
-                checkpoint_in_cpu=False, synchronize_each_layer=False)
+                checkpoint_in_cpu=False, synchronize_each_layer=False, pipe_parallel_size=0)
     return SimpleNamespace(**{**keys, **overrides})
 
 
