@@ -42,6 +42,7 @@ class ModelConfig:
     attention_types: tuple[str, ...] = field(default_factory=tuple)
     sliding_window_width: int | None = None
     attention_softmax_in_fp32: bool = False
+    rmsnorm_fusion: bool = False
     seed: int = 1234
 
     @property
@@ -89,5 +90,6 @@ def model_config_from_args(args, padded_vocab_size: int) -> ModelConfig:
         attention_types=tuple(d.attention_types),
         sliding_window_width=m.sliding_window_width,
         attention_softmax_in_fp32=m.attention_softmax_in_fp32,
+        rmsnorm_fusion=m.rmsnorm_fusion,
         seed=args.training.seed,
     )

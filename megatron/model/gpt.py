@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from megatron.model.block import TransformerLayer, TransformerLayerPipe, unpack_mask
 from megatron.model.embedding import EmbeddingPipe, tied_lm_head
 from megatron.model.init import init_methods, layer_generator
 from megatron.model.norms import build_norm
+from megatron.model.recompute import Recompute
 from megatron.mpu.cross_entropy import vocab_parallel_cross_entropy
 from megatron.mpu.groups import NO_TP, TensorParallel
 from megatron.mpu.layers import ColumnParallelLinear, mark_sequence_parallel
@@ -86,12 +86,16 @@ class LMLoss:
 
 
 class GPTModel(nn.Module):
-    """The non-pipelined model built from the same specs (pipe_parallel_size 0, generation, eval)."""
+    """The non-pipelined model built from the same specs (pipe_parallel_size 0, generation, eval).
 
-    def __init__(self, config, tp: TensorParallel = NO_TP, checkpoint_activations: bool = False):
+    With `recompute` (activation checkpointing) each group of `recompute.num_layers`
+    consecutive transformer layers is one checkpoint while training.
+    """
+
+    def __init__(self, config, tp: TensorParallel = NO_TP, recompute: Recompute | None = None):
         super().__init__()
         self.config = config
-        self.checkpoint_activations = checkpoint_activations
+        self.recompute = recompute
         tied: dict[str, nn.Module] = {}
         self.layers = nn.ModuleList()
         self._calls = []  # (forward_fn or None, module) in spec order
@@ -116,8 +120,16 @@ class GPTModel(nn.Module):
         if mask is None:
             mask = torch.zeros(1, dtype=torch.bool, device=tokens.device)
         x = (tokens, position_ids, mask)
-        block = 0
+        recompute = self.recompute if (self.training and kv_cache is None) else None
+        block, group = 0, []  # group: transformer layers waiting to run as one checkpoint
         for forward_fn, module in self._calls:
+            if recompute is not None and isinstance(module, TransformerLayerPipe):
+                group.append(module)
+                if len(group) == recompute.num_layers:
+                    x, group = recompute(_run_layers(group), *x), []
+                continue
+            if group:
+                x, group = recompute(_run_layers(group), *x), []
             if forward_fn is not None:
                 x = forward_fn(module, x)
             elif isinstance(module, TransformerLayerPipe) and kv_cache is not None:
@@ -125,8 +137,6 @@ class GPTModel(nn.Module):
                 x = (TransformerLayer.forward(module, hidden, pos, unpack_mask(m),
                                               kv_cache.layer(block)), pos, m)
                 block += 1
-            elif self.checkpoint_activations and self.training and isinstance(module, TransformerLayerPipe):
-                x = checkpoint(module, x, use_reentrant=False)
             else:
                 x = module(x)
         if kv_cache is not None:
@@ -134,9 +144,23 @@ class GPTModel(nn.Module):
         return x
 
 
-def build_pipeline_model(config, topology, partition_method: str, checkpoint_interval: int,
-                         tp: TensorParallel = NO_TP):
-    """The model as a DeepSpeed PipelineModule over `topology` (a PipeModelDataParallelTopology)."""
+def _run_layers(layers: list[nn.Module]):
+    """The pipeline tuple through `layers` in order: the function one checkpoint recomputes."""
+    def run(*inputs):
+        for layer in layers:
+            inputs = layer(inputs)
+        return inputs
+    return run
+
+
+def build_pipeline_model(config, topology, partition_method: str,
+                         recompute: Recompute | None = None, tp: TensorParallel = NO_TP):
+    """The model as a DeepSpeed PipelineModule over `topology` (a PipeModelDataParallelTopology).
+
+    With `recompute`, DeepSpeed checkpoints each run of `recompute.num_layers` consecutive
+    layers of a stage; a run that holds a layer other than a transformer layer (embedding,
+    final norm, head) is not checkpointed.
+    """
     from deepspeed.pipe import PipelineModule
 
     return PipelineModule(
@@ -144,7 +168,8 @@ def build_pipeline_model(config, topology, partition_method: str, checkpoint_int
         topology=topology,
         loss_fn=LMLoss(tp),
         partition_method=partition_method,
-        activation_checkpoint_interval=checkpoint_interval,
+        activation_checkpoint_interval=recompute.num_layers if recompute is not None else 0,
+        activation_checkpoint_func=recompute if recompute is not None else Recompute(1, tp),
         # the embedding layer must not be checkpointed (its int inputs carry no grad)
         checkpointable_layers=["TransformerLayerPipe"],
     )

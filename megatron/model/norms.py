@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -19,6 +20,14 @@ class RMSNorm(nn.Module):
         xf = x.float()
         out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
         out = out * self.weight
+        return out + self.bias if self.bias is not None else out
+
+
+class FusedRMSNorm(RMSNorm):
+    """RMSNorm through torch's rms_norm op (rmsnorm_fusion); `RMSNorm` is its reference."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype) * self.weight
         return out + self.bias if self.bias is not None else out
 
 
@@ -47,4 +56,6 @@ def build_norm(config) -> nn.Module:
     """The norm layer the model config names, over the hidden size."""
     if config.norm not in NORMS:
         raise ValueError(f"norm {config.norm!r} is not known; valid: {', '.join(sorted(NORMS))}")
+    if config.norm == "rmsnorm" and config.rmsnorm_fusion:
+        return FusedRMSNorm(config.hidden_size, config.norm_epsilon, config.use_bias_in_norms)
     return NORMS[config.norm](config.hidden_size, config.norm_epsilon, config.use_bias_in_norms)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from .derived import activation_checkpoints
 from .sections.deepspeed import NEOX_FP16_EXTRA_KEYS
 
 
@@ -44,7 +45,8 @@ def deepspeed_config(args: Any) -> dict[str, Any]:
             "contiguous_memory_optimization": p.contiguous_checkpointing,
             "cpu_checkpointing": p.checkpoint_in_cpu,
             "synchronize_checkpoint_boundary": p.synchronize_each_layer,
-            "number_checkpoints": args.model.num_layers,
+            "number_checkpoints": activation_checkpoints(
+                args.model.num_layers, p.checkpoint_num_layers, p.pipe_parallel_size),
         }
     config.update(copy.deepcopy(ds.deepspeed_extra_args or {}))
     return config

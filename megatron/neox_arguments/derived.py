@@ -210,6 +210,15 @@ def mlp_width(
     return round_up(width, mlp_multiple_of)
 
 
+def activation_checkpoints(num_layers: int, checkpoint_num_layers: int,
+                           pipe_parallel_size: int = 0) -> int:
+    """How many activation checkpoints a rank holds at most before a backward pass: one per
+    group of checkpoint_num_layers layers, times the micro-batches a pipeline stage can have in
+    flight (up to one per stage) with pipe_parallel_size > 1. DeepSpeed sizes
+    contiguous_checkpointing's buffers by it."""
+    return math.ceil(num_layers / checkpoint_num_layers) * max(1, pipe_parallel_size)
+
+
 def decay_iterations(train_iters: int, lr_decay_iters: int | None,
                      lr_decay_fraction: float | None) -> int:
     """GPT-NeoX's decay length: lr_decay_iters, else floor(train_iters * lr_decay_fraction),

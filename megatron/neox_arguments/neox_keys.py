@@ -66,7 +66,7 @@ NOT_YET_IMPLEMENTED: frozenset[str] = frozenset({
     "moe_num_experts", "moe_top_k", "moe_router_type", "moe_expert_interval", "moe_jitter_eps",
     "moe_lbl_in_fp32",
     # model
-    "expansion_factor", "rmsnorm_fusion", "use_qk_layernorm", "rpe_num_buckets",
+    "expansion_factor", "use_qk_layernorm", "rpe_num_buckets",
     "rpe_max_distance", "opt_pos_emb_offset", "sparsity_config", "num_unique_layers",
     "param_sharing_style", "use_flashattn_swiglu", "fp16_lm_cross_entropy",
     "apply_query_key_layer_scaling", "use_cpu_initialization", "rotary_save_freqs_buffer",
@@ -227,7 +227,6 @@ NEOX_DEFAULTS: dict[str, Any] = {
     "rank": None,
     "reinforce_leave_one_out": False,
     "return_logits": False,
-    "rmsnorm_fusion": False,
     "rotary_save_freqs_buffer": False,
     "rpe_max_distance": 128,
     "rpe_num_buckets": 32,

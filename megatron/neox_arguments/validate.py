@@ -34,7 +34,12 @@ GENERATED_DS_KEYS = {
     "zero_allow_untested_optimizer", "optimizer": "optimizer (built in torch, never by DeepSpeed)",
     "scheduler": "lr_decay_style (the schedule runs outside DeepSpeed)",
     "data_types": "data_types",
+    "activation_checkpointing": "checkpoint_activations, checkpoint_num_layers, "
+    "partition_activations, contiguous_checkpointing, checkpoint_in_cpu, synchronize_each_layer",
 }
+# Options of DeepSpeed's activation checkpointing: they act only on checkpointed activations.
+CHECKPOINTING_OPTIONS = ("partition_activations", "contiguous_checkpointing", "checkpoint_in_cpu",
+                         "synchronize_each_layer")
 
 
 def validate(c: Config, world_size: int | None = None) -> None:
@@ -393,6 +398,20 @@ def _checkpoint(c: Config, world_size: int | None) -> Iterator[str]:
         yield f"extra_save_iters({extra}) must not contain negative iterations."
 
 
+def _activation_checkpointing(c: Config, world_size: int | None) -> Iterator[str]:
+    if not c["checkpoint_activations"]:
+        for key in CHECKPOINTING_OPTIONS:
+            if c[key]:
+                yield (f"{key} is true but checkpoint_activations is false; {key} only acts on "
+                       "checkpointed activations: set checkpoint_activations: true or remove "
+                       f"{key}.")
+        return
+    if c["contiguous_checkpointing"] and not c["partition_activations"]:
+        yield ("contiguous_checkpointing is true but partition_activations is false; DeepSpeed "
+               "copies only partitioned checkpoints into its contiguous buffers: set "
+               "partition_activations: true or remove contiguous_checkpointing.")
+
+
 def _data(c: Config, world_size: int | None) -> Iterator[str]:
     try:
         parts = [float(p) for p in c["split"].replace("/", ",").split(",") if p.strip()]
@@ -507,5 +526,5 @@ def _tensor_parallel_splits(c: Config, world_size: int | None) -> Iterator[str]:
 RULES: tuple[Callable[[Config, int | None], Iterator[str]], ...] = (
     _choices, _heads, _tensor_parallel_splits, _shape, _attention, _world, _global_num_gpus,
     _precision, _data_types, _optimizer, _intervals, _profiling, _checkpoint,
-    _data, _launcher, _logging, _deepspeed_extra,
+    _activation_checkpointing, _data, _launcher, _logging, _deepspeed_extra,
 )

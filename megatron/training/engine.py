@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 from megatron.checkpointing.run import RunDescription
 from megatron.model.config import ModelConfig
+from megatron.model.fusions import fusion_paths
 from megatron.model.gpt import GPTModel, build_pipeline_model
+from megatron.model.recompute import Recompute, configure_activation_checkpointing
 from megatron.monitoring.logger import deepspeed_prints, get_logger
 from megatron.mpu.deepspeed_adapter import DeepSpeedMPU
 from megatron.mpu.groups import ProcessGroups, TensorParallel
@@ -41,12 +43,12 @@ class Engine:
 def build_model(args, model_config: ModelConfig, topology: Topology, tp: TensorParallel):
     """A PipelineModule when pipe_parallel_size >= 1, else the plain GPTModel."""
     par = args.parallelism
+    recompute = Recompute(par.checkpoint_num_layers, tp) if par.checkpoint_activations else None
     if par.pipe_parallel_size >= 1:
-        interval = par.checkpoint_num_layers if par.checkpoint_activations else 0
         with deepspeed_prints():  # its seed, topology and layer listing: debug lines
             return build_pipeline_model(model_config, topology.deepspeed_topology(),
-                                        par.pipe_partition_method, interval, tp)
-    return GPTModel(model_config, tp, checkpoint_activations=par.checkpoint_activations)
+                                        par.pipe_partition_method, recompute, tp)
+    return GPTModel(model_config, tp, recompute)
 
 
 def check_precision_supported(precision: str) -> None:
@@ -68,6 +70,11 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
     disable_deepspeed_shm_allreduce()
     check_precision_supported(args.derived.precision)
     tp = groups.tensor_parallel(args.training.seed, args.parallelism.sequence_parallel)
+    for line in fusion_paths(args.model):
+        log.info("%s", line)
+    if args.parallelism.checkpoint_activations:
+        configure_activation_checkpointing(args.parallelism, model_config.num_layers,
+                                           DeepSpeedMPU(groups))
     model = build_model(args, model_config, groups.topology, tp)
     hooked = sync_sequence_parallel_grads(model, tp)
     if hooked:

@@ -101,14 +101,38 @@ class ModelArgs:
         "(see padded_vocab_size).",
     )
     scaled_upper_triang_masked_softmax_fusion: bool = option(
-        False, "Use the fused causal-mask softmax kernel where available."
+        False,
+        "GPT-NeoX's fused causal softmax. Attention here always runs through torch "
+        "scaled_dot_product_attention, which fuses scale, causal mask and softmax; true only "
+        "logs that at startup.",
     )
     scaled_masked_softmax_fusion: bool = option(
-        False, "Use the fused general-mask softmax kernel where available."
+        False,
+        "GPT-NeoX's fused masked softmax. torch scaled_dot_product_attention always fuses the "
+        "mask (document, window, ALiBi) with scale and softmax; true only logs that at startup.",
     )
-    bias_gelu_fusion: bool = option(False, "Use the fused bias + gelu kernel where available.")
+    bias_gelu_fusion: bool = option(
+        False,
+        "GPT-NeoX's fused bias + gelu kernel. None exists here: the linear layer adds its bias "
+        "in the matmul and eager gelu runs; true logs that at startup.",
+    )
     bias_dropout_fusion: bool = option(
-        False, "Use the fused bias + dropout + residual-add kernel where available."
+        False,
+        "GPT-NeoX's fused bias + dropout + residual-add kernel. None exists here: the eager ops "
+        "run; true logs that at startup.",
     )
-    rope_fusion: bool = option(False, "Use the fused rotary-embedding kernel where available.")
-    layernorm_fusion: bool = option(False, "Use the fused layernorm kernel where available.")
+    rope_fusion: bool = option(
+        False,
+        "GPT-NeoX's fused rotary kernel. None exists here: the eager rotate-half rotary runs "
+        "in fp32; true logs that at startup.",
+    )
+    layernorm_fusion: bool = option(
+        False,
+        "GPT-NeoX's fused layernorm. torch.nn.LayerNorm is already one fused op; true logs "
+        "that at startup.",
+    )
+    rmsnorm_fusion: bool = option(
+        False,
+        "With norm rmsnorm, run torch's rms_norm op instead of the written-out RMSNorm (same "
+        "parameters, computed in fp32).",
+    )

@@ -29,20 +29,37 @@ class ParallelismArgs:
         "uniform (balance layer counts) or type:<regex> (balance layers whose class matches).",
     )
     checkpoint_activations: bool = option(
-        False, "Recompute layer activations in the backward pass instead of storing them."
+        False,
+        "Recompute transformer layers in the backward pass instead of storing their "
+        "activations, through deepspeed.checkpointing (dropout replays the same masks).",
     )
     checkpoint_num_layers: int = option(
-        1, "Number of layers recomputed together per activation checkpoint."
+        1,
+        "Transformer layers recomputed together per checkpoint (with pipeline stages, "
+        "consecutive layers of a stage; a group holding the embedding, final norm or head is "
+        "not checkpointed).",
     )
     partition_activations: bool = option(
-        False, "Split checkpointed activations across tensor-parallel ranks."
+        False,
+        "Split each stored checkpoint over the tensor-parallel ranks (gathered again in "
+        "backward); needs checkpoint_activations; with model_parallel_size 1 it keeps "
+        "checkpoints whole and says so.",
     )
     contiguous_checkpointing: bool = option(
-        False, "Copy checkpointed activations into one contiguous buffer."
+        False,
+        "Copy partitioned checkpoints into preallocated contiguous buffers (less "
+        "fragmentation); needs checkpoint_activations and partition_activations.",
     )
-    checkpoint_in_cpu: bool = option(False, "Keep checkpointed activations in CPU memory.")
+    checkpoint_in_cpu: bool = option(
+        False,
+        "Keep stored checkpoints in CPU memory; needs checkpoint_activations (on a CPU run they "
+        "are there already, which the log says).",
+    )
     synchronize_each_layer: bool = option(
-        False, "Synchronize the device at the start and end of each checkpointed layer."
+        False,
+        "Synchronize the device at the start and end of each checkpoint's forward and "
+        "backward; needs checkpoint_activations (nothing to wait for on CPU, which the log "
+        "says).",
     )
     distributed_backend: str = option(
         "auto",
