@@ -1,10 +1,7 @@
 """Launch plans built from configs: argv for DeepSpeed's launcher, hostfiles, env export (A2)."""
 
-import base64
-import json
 import os
 import socket
-import sys
 
 import pytest
 

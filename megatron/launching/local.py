@@ -1,4 +1,4 @@
-"""Starting this machine's workers from deepy.py and watching them until the run ends.
+"""Starting this machine's workers from deepy.py and watching them until the run ends (A34).
 
 Used without a hostfile, and with `no_ssh` (deepy.py run once per node with its `node_rank`).
 Each worker gets the variables DeepSpeed's per-node launcher would set: RANK, LOCAL_RANK,

@@ -30,7 +30,7 @@ import threading
 import time
 
 from megatron.launching.secrets import Redactor
-from megatron.launching.stopping import DeepySignals, exit_description, tagged
+from megatron.launching.stopping import DeepySignals, exit_description, shell_status, tagged
 
 POLL_SECONDS = 0.2
 # DeepSpeed's launch.py: "[...] exits with return code = -9", behind pdsh's "host: " prefix
@@ -102,7 +102,7 @@ def run_runner(argv: list[str], env: dict[str, str], grace_seconds: float, launc
         thread.join(timeout=10)
     if signals.signum:
         return 128 + signals.signum
-    return 128 - proc.returncode if proc.returncode < 0 else proc.returncode
+    return shell_status(proc.returncode)
 
 
 def _signal_group(pgid: int, signum: int) -> None:

@@ -1,4 +1,4 @@
-"""Where the values of `export_env_vars` (WANDB_API_KEY, HF_TOKEN, ...) go: to the workers'
+"""Where the values of `export_env_vars` (WANDB_API_KEY, HF_TOKEN, ...) go (A34): to the workers'
 environment, never onto a command line, into a log, the saved config or a checkpoint.
 
     path = write_env_file(secrets, folder)   # deepy.py, hostfile launches: owner-only JSON
