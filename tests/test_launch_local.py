@@ -52,6 +52,8 @@ def test_death_lines_name_rank_host_and_signal_or_status():
      "a worker died: exited with status 1"),
     ("mpirun noticed that process rank 1 with PID 4242 on node n7 exited on signal 9 (Killed).",
      "worker rank 1 on n7 died: killed by SIGKILL"),
+    ("prterun noticed that process rank 1 with PID 0 on node n7 exited on signal 9 (Killed).",
+     "worker rank 1 on n7 died: killed by SIGKILL"),
     ("srun: error: n3: task 2: Killed", "worker rank 2 on n3 died: killed by SIGKILL"),
     ("srun: error: n3: task 0: Exited with exit code 1",
      "worker rank 0 on n3 died: exited with status 1"),
@@ -60,6 +62,20 @@ def test_death_lines_name_rank_host_and_signal_or_status():
 def test_launcher_reports_of_a_dead_worker_become_one_line(line, expected):
     got = describe_runner_line(line)
     assert (got is None) if expected is None else got.startswith(expected), got
+
+
+def test_a_report_wrapped_over_two_lines_is_joined(capfd):
+    import subprocess
+
+    from megatron.launching.runner import relay
+
+    text = ("prterun noticed that process rank 1 with PID 0 on node vm exited on\n"
+            "signal 9 (Killed).\nnext\n")
+    proc = subprocess.Popen([sys.executable, "-c", f"print({text!r}, end='')"],
+                            stdout=subprocess.PIPE)
+    relay(proc.stdout, sys.stdout, Redactor({})).join()
+    proc.wait()
+    assert capfd.readouterr().out == "worker rank 1 on vm died: killed by SIGKILL\nnext\n"
 
 
 def test_secrets_and_the_config_are_hidden_in_relayed_output():

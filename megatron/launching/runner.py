@@ -35,9 +35,11 @@ from megatron.launching.stopping import DeepySignals, exit_description, shell_st
 POLL_SECONDS = 0.2
 # DeepSpeed's launch.py: "[...] exits with return code = -9", behind pdsh's "host: " prefix
 DEEPSPEED_EXIT = re.compile(r"^(?:(?P<host>[\w.\-]+): )?.*exits with return code = (?P<rc>-?\d+)")
-# mpirun: "mpirun noticed that process rank 1 with PID 42 on node n1 exited on signal 9 (Killed)."
+# mpirun: "mpirun noticed that process rank 1 with PID 42 on node n1 exited on signal 9 (Killed).",
+# which Open MPI wraps over two lines
 MPIRUN_SIGNAL = re.compile(r"process rank (?P<rank>\d+) with PID \d+ on node (?P<host>\S+) "
-                           r"exited on signal (?P<sig>\d+)")
+                           r"exited on\s+signal (?P<sig>\d+)")
+MPIRUN_WRAPPED = re.compile(r"process rank \d+ with PID \d+ on node \S+( exited( on)?)?$")
 # srun: "srun: error: n1: task 1: Killed" / "...: task 1: Exited with exit code 1"
 SRUN_TASK = re.compile(r"^srun: error: (?P<host>\S+): tasks? (?P<rank>[\d\-,]+): (?P<what>.+)$")
 SRUN_EXIT = re.compile(r"Exited with exit code (\d+)")
@@ -72,10 +74,18 @@ def _srun_signal(what: str) -> str:
 def relay(stream, out, redactor: Redactor) -> threading.Thread:
     """A thread copying `stream` to `out` line by line, cleaned and with deaths reworded."""
     def copy() -> None:
+        held = ""  # the first part of a report wrapped over two lines
         for raw in iter(stream.readline, b""):
-            line = redactor.clean(raw.decode("utf-8", errors="replace"))
-            out.write((describe_runner_line(line) or line.rstrip("\n")) + "\n")
+            line = redactor.clean(raw.decode("utf-8", errors="replace")).rstrip("\n")
+            if held:
+                line, held = f"{held} {line}", ""
+            elif MPIRUN_WRAPPED.search(line):
+                held = line
+                continue
+            out.write((describe_runner_line(line) or line) + "\n")
             out.flush()
+        if held:
+            out.write(held + "\n")
         stream.close()
 
     thread = threading.Thread(target=copy, daemon=True)

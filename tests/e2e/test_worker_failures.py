@@ -113,3 +113,48 @@ def test_a_signal_to_deepy_reaches_every_worker_which_save_and_exit(small_data, 
            f"{latest}" in out, out[-3000:]
     assert latest >= 3 and " died: " not in out and "did not exit" not in out
     assert not left_over(pids)
+
+
+@pytest.mark.slow
+def test_mpiruns_report_of_a_killed_worker_becomes_one_line(small_data, tmp_path):
+    """Through DeepSpeed's runner and a real mpirun: the rank and node come from mpirun."""
+    import os
+
+    from tests.e2e.test_cluster_launchers import open_mpi_bin
+    from tests.runs import clean_env
+
+    env = clean_env(PATH=open_mpi_bin() + os.pathsep + os.environ.get("PATH", ""))
+    if os.geteuid() == 0:  # Open MPI refuses root unless told twice
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    run = tmp_path / "run"
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "deepy.py"), "train.py", "configs/tiny.yml",
+             *tiny_overrides(*small_data, run, train_iters=2000, checkpoint_factor=1000,
+                             eval_interval=1000, log_interval=1, hostfile=hostfile,
+                             launcher="openmpi", deepspeed_mpi=True, no_ssh_check=True,
+                             master_addr="127.0.0.1", omp_num_threads=1)],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(log, "iteration      3/", proc)
+        ranks = {}
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                if "train.py" in p.cmdline():  # the worker, or a data loader it started later
+                    rank = int(p.environ()["OMPI_COMM_WORLD_RANK"])
+                    if rank not in ranks or p.create_time() < ranks[rank].create_time():
+                        ranks[rank] = p
+            except (psutil.Error, KeyError):
+                continue
+        assert sorted(ranks) == [0, 1]
+        ranks[1].send_signal(signal.SIGKILL)
+        status = proc.wait(timeout=300)
+    finally:
+        proc.kill()
+    out = log.read_text()
+    assert status != 0
+    assert "worker rank 1 on " in out and "died: killed by SIGKILL" in out, out[-3000:]
+    assert not left_over([p.pid for p in ranks.values()])
