@@ -5,6 +5,7 @@ checkpoint intact, and no worker process left once deepy.py has exited."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -16,7 +17,8 @@ import psutil
 import pytest
 
 from megatron.checkpointing.manifest import check_files, read_manifest
-from tests.runs import ROOT, tiny_overrides
+from tests.e2e.test_cluster_launchers import open_mpi_bin
+from tests.runs import ROOT, clean_env, tiny_overrides
 
 
 def start(small_data, run: Path, **extra) -> tuple[subprocess.Popen, Path]:
@@ -118,11 +120,6 @@ def test_a_signal_to_deepy_reaches_every_worker_which_save_and_exit(small_data, 
 @pytest.mark.slow
 def test_mpiruns_report_of_a_killed_worker_becomes_one_line(small_data, tmp_path):
     """Through DeepSpeed's runner and a real mpirun: the rank and node come from mpirun."""
-    import os
-
-    from tests.e2e.test_cluster_launchers import open_mpi_bin
-    from tests.runs import clean_env
-
     env = clean_env(PATH=open_mpi_bin() + os.pathsep + os.environ.get("PATH", ""))
     if os.geteuid() == 0:  # Open MPI refuses root unless told twice
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
