@@ -1,17 +1,21 @@
 """What every entry script shares: reading its command line, and turning user errors into one line.
 
 Errors a user can fix (bad config, missing file, unreachable master, ...) print `error: <what to
-do>` and exit non-zero without a traceback; set NEOX_TRACEBACK=1 to see the traceback as well.
-Anything else is a bug and keeps its traceback.
+do>` (on a worker `error (rank R on HOST): ...`) and exit non-zero without a traceback; set
+NEOX_TRACEBACK=1 to see the traceback as well. Anything else is a bug and keeps its traceback.
+A worker first takes the variables of the file NEOX_ENV_FILE names (export_env_vars sent by a
+multi-node launch, megatron.launching.secrets).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
 from typing import Callable
 
+from megatron.launching.secrets import load_env_file
 from megatron.monitoring.logger import setup_logging
 from megatron.safety.signals import Preempted
 
@@ -101,6 +105,7 @@ def run_entry(main: Callable[[], int | None]) -> int:
     by the loss guard, 128 + the signal for a stop on SIGTERM / SIGINT)."""
     setup_logging()
     try:
+        load_env_file(os.environ)
         return int(main() or 0)
     except Preempted as stop:
         if os.environ.get("RANK", "0") == "0":
@@ -110,7 +115,8 @@ def run_entry(main: Callable[[], int | None]) -> int:
         if os.environ.get("NEOX_TRACEBACK") == "1":
             raise
         rank = os.environ.get("RANK")
-        prefix = f"error (rank {rank}): " if rank is not None else "error: "
+        prefix = (f"error (rank {rank} on {socket.gethostname()}): " if rank is not None
+                  else "error: ")
         print(prefix + str(err), file=sys.stderr, flush=True)
         return getattr(err, "exit_status", 1)
     except KeyboardInterrupt:

@@ -1,22 +1,26 @@
-"""Turn a resolved config into the DeepSpeed launcher command that starts every worker.
+"""Turn a resolved config into a launch plan, and run it: this machine's workers, or every node's.
 
-One machine without a hostfile: DeepSpeed's per-node launcher (`deepspeed.launcher.launch`) starts
-`num_gpus` workers here, no ssh, on a free port unless `master_port` is set (a busy one set there
-is refused before anything starts). With a hostfile: DeepSpeed's runner, with the config's launcher
-(pdsh, openmpi, slurm, ...) and include/exclude/num_nodes/num_gpus, on `master_port` or 29500;
-with `no_ssh` and `node_rank` it starts only this node's workers (run it once per node). mpirun
-and srun tell workers their rank in their own variables (see `megatron.mpu.launch_env`) but not
-the master, so MASTER_PORT (and MASTER_ADDR when `master_addr` is set) is exported to every
-worker; srun's workers otherwise take the first host of the step's node list. srun reaches the
-nodes through SLURM, never ssh, so launcher slurm skips DeepSpeed's ssh checks. Only the
-options that narrow the hostfile reach DeepSpeed's runner. Workers get the resolved config on
-their command line (`--neox_args`), never YAML re-read from disk.
+Without a hostfile, with `no_ssh` (deepy.py once per node, with `node_rank`), or with a hostfile
+of one host that DeepSpeed's runner would start here anyway, deepy.py starts this node's workers
+itself and watches them (`megatron.launching.local`: one line per dead worker, the rest stopped,
+signals passed on, no orphans). Without a hostfile the rendezvous is on a free port unless
+`master_port` is set (a busy one set there is refused before anything starts). Otherwise
+DeepSpeed's runner starts them, with the config's launcher (pdsh, openmpi, slurm, ...) and
+include/exclude/num_nodes/num_gpus, on `master_port` or 29500, its output relayed without
+secrets (`megatron.launching.runner`). mpirun and srun tell workers their rank in their own
+variables (see `megatron.mpu.launch_env`) but not the master, so MASTER_PORT (and MASTER_ADDR
+when `master_addr` is set) is exported to every worker; srun's workers otherwise take the first
+host of the step's node list. srun reaches the nodes through SLURM, never ssh, so launcher slurm
+skips DeepSpeed's ssh checks. Only the options that narrow the hostfile reach DeepSpeed's runner.
+Workers get the resolved config on their command line (`--neox_args`), never YAML re-read from
+disk; the values of `export_env_vars` never go on a command line (`megatron.launching.secrets`).
+
+    plan = plan_launch(args, "train.py")
+    status = run_plan(args, plan)        # one attempt: 0, a worker's status, or 128 + signal
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import socket
 import stat
@@ -25,6 +29,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from megatron.launching.local import LocalLaunch, local_launch, run_local
+from megatron.launching.runner import run_runner
+from megatron.launching.secrets import (ENV_FILE_VAR, Redactor, secret_values,
+                                        write_env_file as write_secrets_file)
+from megatron.launching.stopping import LAUNCH_ID_VAR, kill_tagged, new_launch_id
 from megatron.monitoring.logger import get_logger, setup_logging
 from megatron.neox_arguments.sections.launcher import MPI_LAUNCHERS, MULTI_NODE_MASTER_PORT
 
@@ -38,13 +47,20 @@ NO_MASTER_ADDR_LAUNCHERS = ("openmpi", "mvapich")
 
 @dataclass
 class LaunchPlan:
-    """The command to run, its environment additions, and the world it will form."""
+    """The command to run, its environment additions, and the world it will form.
+
+    `local` is set when deepy.py starts this node's workers itself (`argv` is then one worker's
+    command); otherwise `argv` runs DeepSpeed's runner. `secrets` are the exported variables
+    that must reach the workers but never a command line or a log.
+    """
 
     argv: list[str]
     env: dict[str, str]
     world_size: int
     master_port: int
     hosts: dict[str, list[int]] = field(default_factory=dict)
+    local: LocalLaunch | None = None
+    secrets: dict[str, str] = field(default_factory=dict)
 
 
 def read_hostfile(path: str) -> dict[str, int]:
@@ -152,23 +168,44 @@ def plan_launch(args, script: str, python: str = sys.executable) -> LaunchPlan:
     world = sum(len(slots) for slots in hosts.values())
     args = args.with_world_size(world)  # validates degrees against the real world size
     procs_here = max(len(s) for s in hosts.values())
-    env = exported_env(la.export_env_vars)
+    exported = exported_env(la.export_env_vars)
+    secrets = secret_values(exported)
+    env = {k: v for k, v in exported.items() if k not in secrets}
     env.setdefault("OMP_NUM_THREADS", str(omp_threads(la.omp_num_threads, procs_here)))
     if la.omp_num_threads:
         env["OMP_NUM_THREADS"] = str(la.omp_num_threads)
     worker = [script, CONFIG_FLAG, args.encode()]
     if not la.hostfile:
         port = local_master_port(la.master_port)
-        argv = _local_launch(hosts, la, python, port) + worker
-    else:
-        port = la.master_port or MULTI_NODE_MASTER_PORT
-        env["MASTER_PORT"] = str(port)
-        if la.master_addr:
-            env["MASTER_ADDR"] = la.master_addr
-        # mpirun runs the whole hostfile, and DeepSpeed refuses a selection
-        selection = [] if mpirun else _host_selection(la, pool, hosts)
-        argv = _runner_launch(la, python, port, hosts, selection) + worker
-    return LaunchPlan(argv=argv, env=env, world_size=world, master_port=port, hosts=hosts)
+        here = local_launch(hosts, 0, la.master_addr or "127.0.0.1", port)
+        return LaunchPlan(argv=[python, "-u", *worker], env=env, world_size=world,
+                          master_port=port, hosts=hosts, local=here, secrets=secrets)
+    port = la.master_port or MULTI_NODE_MASTER_PORT
+    if la.no_ssh or not (mpirun or la.deepspeed_slurm or len(hosts) > 1):
+        here = _per_node_launch(la, hosts, port)
+        return LaunchPlan(argv=[python, "-u", *worker], env=env, world_size=world,
+                          master_port=port, hosts=hosts, local=here, secrets=secrets)
+    env["MASTER_PORT"] = str(port)
+    if la.master_addr:
+        env["MASTER_ADDR"] = la.master_addr
+    # mpirun runs the whole hostfile, and DeepSpeed refuses a selection
+    selection = [] if mpirun else _host_selection(la, pool, hosts)
+    argv = _runner_launch(la, python, port, hosts, selection) + worker
+    return LaunchPlan(argv=argv, env=env, world_size=world, master_port=port, hosts=hosts,
+                      secrets=secrets)
+
+
+def _per_node_launch(la, hosts: dict[str, list[int]], port: int) -> LocalLaunch:
+    """This node's workers of a hostfile launch that DeepSpeed's runner would start here: one
+    node with no_ssh (node_rank), or a hostfile of one host."""
+    if not la.no_ssh:
+        return local_launch(hosts, 0, la.master_addr or "127.0.0.1", port)
+    if la.node_rank is None:
+        raise ValueError("no_ssh launches one node at a time and needs node_rank "
+                         "(this node's index in the hostfile)")
+    if not la.master_addr:
+        raise ValueError("no_ssh needs master_addr (the address of node 0) to be set")
+    return local_launch(hosts, la.node_rank, la.master_addr, port)
 
 
 def _starts_with_mpirun(la, hosts: dict[str, list[int]]) -> bool:
@@ -190,16 +227,6 @@ def _check_mpirun_can_start(la, pool: dict[str, int], hosts: dict[str, list[int]
                          "every node)")
 
 
-def _encode_world(hosts: dict[str, list[int]]) -> str:
-    return base64.urlsafe_b64encode(json.dumps(hosts).encode()).decode()
-
-
-def _local_launch(hosts, la, python: str, port: int) -> list[str]:
-    return [python, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={_encode_world(hosts)}",
-            f"--master_addr={la.master_addr or '127.0.0.1'}", f"--master_port={port}",
-            "--no_local_rank"]
-
-
 def _runner_launch(la, python: str, port: int, hosts: dict[str, list[int]],
                    selection: list[str]) -> list[str]:
     argv = [python, "-u", "-m", "deepspeed.launcher.runner", f"--hostfile={la.hostfile}",
@@ -216,13 +243,6 @@ def _runner_launch(la, python: str, port: int, hosts: dict[str, list[int]],
     if la.no_ssh_check or la.launcher == "slurm":
         argv.append("--no_ssh_check")
     argv += selection
-    if la.no_ssh:
-        if la.node_rank is None:
-            raise ValueError("no_ssh launches one node at a time and needs node_rank "
-                             "(this node's index in the hostfile)")
-        if not la.master_addr:
-            raise ValueError("no_ssh needs master_addr (the address of node 0) to be set")
-        argv += ["--no_ssh", f"--node_rank={la.node_rank}"]
     if la.launcher == "slurm" and (la.comment or la.account):
         extra = " ".join(x for x in (f"--comment={la.comment}" if la.comment else "",
                                      f"--account={la.account}" if la.account else "") if x)
@@ -249,7 +269,8 @@ def _host_selection(la, pool: dict[str, int], hosts: dict[str, list[int]]) -> li
 
 
 def write_env_file(env: dict[str, str]) -> str:
-    """For launches over ssh/pdsh/mpi: a private file DeepSpeed's runner exports to every node."""
+    """For launches over ssh/pdsh/mpi: a private file of variables (no secrets among them) that
+    DeepSpeed's runner exports to every node, on their command line."""
     fd, path = tempfile.mkstemp(prefix="neox_env_", text=True)
     with os.fdopen(fd, "w") as f:
         for key, value in env.items():
@@ -291,20 +312,50 @@ def launch(script: str, argv: list[str]) -> int:
 
 def run_once(args, script: str) -> int:
     """Check, plan and run one launch of every worker; the launcher's exit status."""
-    import subprocess
-
     from megatron.preflight import preflight
 
     plan = plan_launch(args, script)
     preflight(args, script)
-    env = {**os.environ, **plan.env}
-    env_file = None
-    if args.launcher.hostfile and not args.launcher.no_ssh and plan.env:
-        env["DS_ENV_FILE"] = env_file = write_env_file(plan.env)
-    log.info("launching %d worker(s): %s", plan.world_size,
-             " ".join(a if len(a) < 200 else a[:40] + "..." for a in plan.argv))
+    return run_plan(args, plan)
+
+
+def run_plan(args, plan: LaunchPlan) -> int:
+    """One attempt at running `plan` to its end: 0, a worker's status, or 128 + the signal that
+    stopped deepy.py (see megatron.launching.local). Nothing of the launch outlives it here."""
+    la = args.launcher
+    launch_id = new_launch_id()
+    env = {**os.environ, **plan.env, LAUNCH_ID_VAR: launch_id}
     try:
-        return subprocess.run(plan.argv, env=env).returncode
-    finally:  # it may hold exported secrets (WANDB_API_KEY, HF_TOKEN): gone with the run
-        if env_file:
-            Path(env_file).unlink(missing_ok=True)
+        if plan.local is not None:
+            here = plan.local
+            log.info("launching %d worker(s) on %s (ranks %d-%d of %d), master %s:%d",
+                     len(here.ranks), here.host, here.ranks[0], here.ranks[-1], plan.world_size,
+                     here.master_addr, here.master_port)
+            return run_local(plan.argv, {**env, **plan.secrets}, here, la.signal_grace_seconds,
+                             launch_id)
+        return _run_through_runner(args, plan, env, launch_id)
+    finally:
+        kill_tagged(launch_id)
+
+
+def _run_through_runner(args, plan: LaunchPlan, env: dict[str, str], launch_id: str) -> int:
+    """DeepSpeed's runner with the secrets in an owner-only file that only its path reaches."""
+    la = args.launcher
+    env = {k: v for k, v in env.items() if k not in plan.secrets}
+    exports = {**plan.env, LAUNCH_ID_VAR: launch_id}
+    files = []
+    try:
+        if plan.secrets:
+            env[ENV_FILE_VAR] = exports[ENV_FILE_VAR] = write_secrets_file(plan.secrets,
+                                                                          la.env_file_dir)
+            files.append(env[ENV_FILE_VAR])
+        env["DS_ENV_FILE"] = write_env_file(exports)
+        files.append(env["DS_ENV_FILE"])
+        encoded = plan.argv[plan.argv.index(CONFIG_FLAG) + 1]
+        log.info("launching %d worker(s) on %d node(s) with %s: %s", plan.world_size,
+                 len(plan.hosts), la.launcher, " ".join(plan.argv).replace(encoded, "<config>"))
+        return run_runner(plan.argv, env, la.signal_grace_seconds, launch_id,
+                          Redactor(plan.secrets, [encoded]))
+    finally:  # the secrets file: gone with the run
+        for path in files:
+            Path(path).unlink(missing_ok=True)

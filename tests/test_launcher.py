@@ -1,10 +1,7 @@
 """Launch plans built from configs: argv for DeepSpeed's launcher, hostfiles, env export (A2)."""
 
-import base64
-import json
 import os
 import socket
-import sys
 
 import pytest
 
@@ -25,14 +22,13 @@ def flag(argv, name):
     return next(a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}="))
 
 
-def test_single_machine_uses_the_local_launcher_without_ssh():
+def test_single_machine_workers_are_started_by_deepy_without_ssh():
     plan = plan_launch(args(num_gpus=3, master_port=29777, omp_num_threads=2), "train.py",
                        python="py")
-    assert plan.argv[:4] == ["py", "-u", "-m", "deepspeed.launcher.launch"]
-    world = json.loads(base64.urlsafe_b64decode(flag(plan.argv, "world_info")))
-    assert world == {"localhost": [0, 1, 2]} and plan.world_size == 3
-    assert flag(plan.argv, "master_addr") == "127.0.0.1"
-    assert flag(plan.argv, "master_port") == "29777"
+    assert plan.argv[:3] == ["py", "-u", "train.py"]  # one worker's command, no launcher
+    assert plan.local.ranks == (0, 1, 2) and plan.local.device_ids == (0, 1, 2)
+    assert plan.world_size == 3 and plan.local.nnodes == 1
+    assert (plan.local.master_addr, plan.local.master_port) == ("127.0.0.1", 29777)
     assert plan.env["OMP_NUM_THREADS"] == "2"
     # workers get the resolved config itself, decodable to an equal object
     script_at = plan.argv.index("train.py")
@@ -75,10 +71,13 @@ def test_slurm_launch_asks_nothing_over_ssh_and_no_gpus_the_hostfile_does_not_na
     assert "--no_ssh_check" in plan.argv and "--force_multi" in plan.argv
     # num_gpus equal to the slots selects nothing: passed on, srun would ask for GPUs
     assert not [a for a in plan.argv if a.startswith(("--num_gpus", "--num_nodes"))]
+    # a selection of one host without deepspeed_slurm is started here, as DeepSpeed's runner
+    # would (it leaves srun out for a single host)
     plan = plan_launch(args(hostfile=hostfile, launcher="slurm", num_gpus=1, num_nodes=1),
                        "train.py")
-    assert flag(plan.argv, "num_gpus") == "1" and flag(plan.argv, "num_nodes") == "1"
-    assert plan.world_size == 1 and list(plan.hosts) == ["node-a"]
+    assert plan.local.ranks == (0,) and plan.world_size == 1 and list(plan.hosts) == ["node-a"]
+    plan = plan_launch(args(hostfile=hostfile, launcher="slurm", num_gpus=1), "train.py")
+    assert flag(plan.argv, "num_gpus") == "1" and plan.world_size == 2 and plan.local is None
 
 
 def test_deepspeed_slurm_needs_the_hostfile_when_launching_not_when_loading(tmp_path):
@@ -110,10 +109,10 @@ def test_mpi_launch_runs_the_whole_hostfile_on_every_host(tmp_path):
     with pytest.raises(ValueError, match="launcher 'openmpi' does not tell workers where rank 0 "
                                          "runs: set master_addr"):
         plan_launch(args(hostfile=hostfile, launcher="openmpi", num_gpus="null"), "train.py")
-    # one host without deepspeed_mpi: DeepSpeed's own launcher starts it, and can select slots
+    # one host without deepspeed_mpi: started here, as DeepSpeed's runner would, on 2 slots
     hostfile.write_text("n0 slots=4\n")
     plan = plan_launch(args(hostfile=hostfile, launcher="openmpi", num_gpus=2), "train.py")
-    assert flag(plan.argv, "num_gpus") == "2" and plan.world_size == 2
+    assert plan.local.ranks == (0, 1) and plan.world_size == 2
 
 
 def test_unset_master_port_picks_a_free_one_here_and_29500_with_a_hostfile(tmp_path):
@@ -124,7 +123,7 @@ def test_unset_master_port_picks_a_free_one_here_and_29500_with_a_hostfile(tmp_p
             pass  # held by someone else already: just as good
         plan = plan_launch(args(num_gpus=2), "train.py")
         assert plan.master_port != 29500 and not port_in_use(plan.master_port)
-        assert flag(plan.argv, "master_port") == str(plan.master_port)
+        assert plan.local.master_port == plan.master_port
         # with a hostfile every node must agree on the port: GPT-NeoX's, busy here or not
         hostfile = tmp_path / "hosts"
         hostfile.write_text("n0 slots=1\nn1 slots=1\n")
@@ -159,7 +158,9 @@ def test_per_node_mode_needs_node_rank_and_master(tmp_path):
         plan_launch(args(hostfile=hostfile, num_gpus=1, no_ssh=True, master_addr="127.0.0.1"), "t.py")
     plan = plan_launch(args(hostfile=hostfile, num_gpus=1, no_ssh=True, node_rank=1,
                             master_addr="127.0.0.1"), "t.py")
-    assert "--no_ssh" in plan.argv and "--node_rank=1" in plan.argv and plan.world_size == 2
+    # this node's worker only, started by deepy.py: global rank 1, node 1 of 2
+    assert plan.local.ranks == (1,) and plan.world_size == 2
+    assert (plan.local.host, plan.local.node_rank, plan.local.nnodes) == ("n1", 1, 2)
 
 
 @pytest.mark.parametrize("content,message", [
@@ -189,10 +190,10 @@ def test_listed_env_vars_are_exported_and_written_privately():
     env = exported_env(["WANDB_API_KEY", "HF_TOKEN", "UNSET_ONE"],
                        {"WANDB_API_KEY": "k", "HF_TOKEN": "t", "OTHER": "x"})
     assert env == {"WANDB_API_KEY": "k", "HF_TOKEN": "t"}
-    path = write_env_file(env)
+    path = write_env_file({"MASTER_PORT": "29500", "NEOX_ENV_FILE": "/shared/f.json"})
     try:
-        assert open(path).read() == "WANDB_API_KEY=k\nHF_TOKEN=t\n"
-        assert os.stat(path).st_mode & 0o077 == 0  # secrets: owner-only
+        assert open(path).read() == "MASTER_PORT=29500\nNEOX_ENV_FILE=/shared/f.json\n"
+        assert os.stat(path).st_mode & 0o077 == 0  # owner-only
     finally:
         os.unlink(path)
 

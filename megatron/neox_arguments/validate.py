@@ -462,6 +462,9 @@ def _launcher(c: Config, world_size: int | None) -> Iterator[str]:
         yield (f"max_restarts({c['max_restarts']}) cannot restart a job launched one node at a "
                "time (no_ssh): the nodes would restart apart; restart the job from outside "
                "(e.g. your scheduler's requeue), or set max_restarts=0.")
+    if not c["signal_grace_seconds"] >= 0:
+        yield (f"signal_grace_seconds({c['signal_grace_seconds']}) must be 0 or more (seconds "
+               "the workers get to save and exit after a signal).")
     bad = [v for v in c["export_env_vars"] if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v)]
     if bad:
         yield f"export_env_vars has invalid variable names: {', '.join(map(repr, bad))}."

@@ -112,12 +112,16 @@ def test_pdsh_over_ssh_starts_one_worker_on_each_of_two_nodes(small_data, tmp_pa
     if reason:
         pytest.skip(reason)
     run = tmp_path / "run"
+    secret = "fake-secret-hf-token-0123456789"  # A34: exported, never on pdsh's command line
     with local_sshd.local_sshd(tmp_path / "sshd") as ssh_env:
         proc = train_with_launcher(small_data, run, "localhost slots=1\n127.0.0.1 slots=1\n",
-                                   clean_env(**ssh_env), launcher="pdsh", num_gpus=1,
-                                   master_addr="127.0.0.1")
+                                   clean_env(**ssh_env, HF_TOKEN=secret), launcher="pdsh",
+                                   num_gpus=1, master_addr="127.0.0.1",
+                                   env_file_dir=tmp_path / "shared")
     assert_trained_as_one_world_of_two(proc, run)
     out = proc.stdout + proc.stderr
+    assert secret not in out and "export NEOX_ENV_FILE=" in out
+    assert list((tmp_path / "shared").iterdir()) == []  # removed with the run
     assert "pdsh -S -f 1024 -w localhost,127.0.0.1" in out  # DeepSpeed's runner's command
     lines = out.splitlines()
     for node, host in enumerate(("localhost", "127.0.0.1")):  # pdsh prefixes each node's lines

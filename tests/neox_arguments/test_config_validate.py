@@ -130,6 +130,7 @@ CASES = [
     ({"deepspeed_slurm": True, "launcher": "slurm", "hostfile": "h", "no_ssh": True,
       "node_rank": 0}, None, "remove deepspeed_slurm or no_ssh"),
     ({"distributed_timeout_minutes": 0}, None, "distributed_timeout_minutes(0.0) must be greater than 0"),
+    ({"signal_grace_seconds": -1}, None, "signal_grace_seconds(-1.0) must be 0 or more"),
     ({"export_env_vars": ["OK", "NOT-OK"]}, None, "export_env_vars has invalid variable names: 'NOT-OK'"),
     ({"top_p": 2.0}, None, "top_p(2.0) must be in [0, 1]"),
     ({"deepspeed_extra_args": {"optimizer": {"type": "Adam"}}}, None,

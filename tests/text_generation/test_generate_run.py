@@ -5,6 +5,7 @@ import io
 import json
 import logging
 import re
+import socket
 
 import pytest
 
@@ -93,7 +94,8 @@ def test_bad_input_ends_generate_py_with_one_line(trained, tmp_path, one_rank, c
     assert generate.main(["--neox_args", args.encode()]) == 1
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error")]
-    assert len(errors) == 1 and errors[0].startswith("error (rank 0): ") and "Traceback" not in err
+    assert len(errors) == 1 and "Traceback" not in err
+    assert errors[0].startswith(f"error (rank 0 on {socket.gethostname()}): ")
     assert re.search(message, errors[0]), errors[0]
 
 

@@ -82,6 +82,19 @@ class LauncherArgs:
         DEFAULT_EXPORT_ENV_VARS,
         "Environment variables copied from the launching shell to every worker when set there.",
     )
+    env_file_dir: str | None = option(
+        None,
+        "Folder of the owner-only file that carries export_env_vars to the workers of a "
+        "hostfile launch over ssh, pdsh, MPI or SLURM (their values never go on a command "
+        "line); every node must read it at the same path, so a shared filesystem. null: "
+        "~/.cache/neox (the home folder is shared on most clusters).",
+    )
+    signal_grace_seconds: float = option(
+        600.0,
+        "After SIGTERM/SIGINT reaches deepy.py (passed on to the workers, which finish the "
+        "step and save when save_on_signal is set), seconds to wait for them to exit before "
+        "killing them.",
+    )
     omp_num_threads: int | None = option(
         None, "OMP_NUM_THREADS of each worker (null: CPU cores // processes per node)."
     )

@@ -1,0 +1,173 @@
+"""Starting this machine's workers from deepy.py and watching them until the run ends (A34).
+
+Used without a hostfile, and with `no_ssh` (deepy.py run once per node with its `node_rank`).
+Each worker gets the variables DeepSpeed's per-node launcher would set: RANK, LOCAL_RANK,
+WORLD_SIZE, LOCAL_SIZE, CROSS_RANK (this node's index), CROSS_SIZE (nodes), MASTER_ADDR,
+MASTER_PORT and the device list (CUDA_VISIBLE_DEVICES), plus NEOX_LAUNCH_ID, the tag by which
+leftovers are found. Workers run in their own session and get SIGTERM should deepy.py itself
+die (Linux's parent-death signal), so none outlives it.
+
+When a worker fails on its own, one line per failed worker says which, where and how:
+
+    worker rank 1 (local rank 1) on node-a died: killed by SIGKILL
+    worker rank 0 (local rank 0) on node-a died: exited with status 1
+
+and the others are stopped: SIGTERM, FAILURE_GRACE_SECONDS, then SIGKILL (they cannot save
+without the dead one: a checkpoint is written by all ranks together). A worker that exits with
+143 or 130 stopped on a signal of its own after saving (megatron.safety.signals); the others
+follow after the same step, so they are left to finish. The status of the run:
+
+    0          every worker exited 0
+    128 + S    deepy.py received signal S (SIGTERM: 143, SIGINT: 130), whatever the workers did
+    N          otherwise, the first failed worker's status, 128 + S for one killed by signal S
+               (SIGKILL: 137; the hang watchdog's 124, a preemption's 143 pass through)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from megatron.launching.stopping import (LAUNCH_ID_VAR, DeepySignals, exit_description, send,
+                                         shell_status)
+
+FAILURE_GRACE_SECONDS = 30.0
+PREEMPTED = (128 + signal.SIGTERM, 128 + signal.SIGINT)  # a worker's own orderly stop
+POLL_SECONDS = 0.2
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class LocalLaunch:
+    """The workers of this node: which global ranks, on which devices, in which world."""
+
+    host: str
+    node_rank: int
+    nnodes: int
+    world_size: int
+    ranks: tuple[int, ...]  # global rank of each local rank
+    device_ids: tuple[int, ...]
+    master_addr: str
+    master_port: int
+
+
+def local_launch(hosts: dict[str, list[int]], node_rank: int, master_addr: str,
+                 master_port: int) -> LocalLaunch:
+    """This node's share of `hosts` (ranks numbered in hostfile order, as DeepSpeed does)."""
+    names = list(hosts)
+    if not 0 <= node_rank < len(names):
+        raise ValueError(f"node_rank({node_rank}) must be in [0, {len(names)}): the hostfile's "
+                         f"selection has {len(names)} node(s)")
+    first = sum(len(hosts[h]) for h in names[:node_rank])
+    here = hosts[names[node_rank]]
+    host = names[node_rank] if len(names) > 1 else socket.gethostname()
+    return LocalLaunch(host=host, node_rank=node_rank, nnodes=len(names),
+                       world_size=sum(len(s) for s in hosts.values()),
+                       ranks=tuple(range(first, first + len(here))), device_ids=tuple(here),
+                       master_addr=master_addr, master_port=master_port)
+
+
+def worker_env(base: dict[str, str], launch: LocalLaunch, local_rank: int,
+               launch_id: str) -> dict[str, str]:
+    """The environment of the worker with `local_rank` on this node."""
+    env = {**base, "RANK": str(launch.ranks[local_rank]), "LOCAL_RANK": str(local_rank),
+           "WORLD_SIZE": str(launch.world_size), "LOCAL_SIZE": str(len(launch.ranks)),
+           "CROSS_RANK": str(launch.node_rank), "CROSS_SIZE": str(launch.nnodes),
+           "MASTER_ADDR": launch.master_addr, "MASTER_PORT": str(launch.master_port),
+           LAUNCH_ID_VAR: launch_id}
+    from deepspeed.accelerator import get_accelerator
+
+    get_accelerator().set_visible_devices_envs(env, list(launch.device_ids))
+    return env
+
+
+def death_line(launch: LocalLaunch, local_rank: int, returncode: int) -> str:
+    return (f"worker rank {launch.ranks[local_rank]} (local rank {local_rank}) on {launch.host} "
+            f"died: {exit_description(returncode)}")
+
+
+def run_local(argv: list[str], env: dict[str, str], launch: LocalLaunch, grace_seconds: float,
+              launch_id: str) -> int:
+    """Start `argv` once per local rank, watch the workers, return the run's status."""
+    procs: list[subprocess.Popen] = []
+    with DeepySignals(grace_seconds, lambda signum: send(procs, signum)) as signals:
+        for local_rank in range(len(launch.ranks)):
+            procs.append(subprocess.Popen(argv, env=worker_env(env, launch, local_rank, launch_id),
+                                          start_new_session=True, preexec_fn=_die_with_parent))
+        return _Watch(launch, procs).until_done(signals)
+
+
+class _Watch:
+    """Polls the workers: reports failures, stops the rest, kills at the deadline."""
+
+    def __init__(self, launch: LocalLaunch, procs: list[subprocess.Popen]):
+        self.launch, self.procs = launch, procs
+        self.ended: set[int] = set()
+        self.first_failure = 0
+        self.deadline: float | None = None
+        self.stopping = False
+
+    def alive(self) -> list[subprocess.Popen]:
+        return [p for p in self.procs if p.poll() is None]
+
+    def until_done(self, signals: DeepySignals) -> int:
+        while self.alive() or len(self.ended) < len(self.procs):
+            deaths = self._note_ended(orderly=bool(signals.signum) or self.stopping)
+            if deaths and not self.stopping:
+                self._stop_the_rest()
+            elif self.first_failure in PREEMPTED and self.deadline is None:
+                self.deadline = time.monotonic() + signals.grace  # the others follow
+            late = self.deadline is not None and time.monotonic() > self.deadline
+            if (signals.expired() or late) and self.alive():
+                self._kill_the_rest(signals)
+            time.sleep(POLL_SECONDS)
+        return 128 + signals.signum if signals.signum else self.first_failure
+
+    def _note_ended(self, orderly: bool) -> int:
+        """Record workers that ended since the last poll; print a line per failure."""
+        deaths = 0
+        for local_rank, proc in enumerate(self.procs):
+            if local_rank in self.ended or proc.poll() is None:
+                continue
+            self.ended.add(local_rank)
+            if proc.returncode == 0:
+                continue
+            status = shell_status(proc.returncode)
+            self.first_failure = self.first_failure or status
+            if not orderly and status not in PREEMPTED:
+                print(death_line(self.launch, local_rank, proc.returncode), file=sys.stderr,
+                      flush=True)
+                deaths += 1
+        return deaths
+
+    def _stop_the_rest(self) -> None:
+        self.stopping = True
+        alive = self.alive()
+        if alive:
+            print(f"deepy.py: stopping the other {len(alive)} worker(s): SIGTERM, then SIGKILL "
+                  f"after {FAILURE_GRACE_SECONDS:g} s", file=sys.stderr, flush=True)
+            send(alive, signal.SIGTERM)
+        self.deadline = time.monotonic() + FAILURE_GRACE_SECONDS
+
+    def _kill_the_rest(self, signals: DeepySignals) -> None:
+        alive = self.alive()
+        ranks = ", ".join(str(self.launch.ranks[self.procs.index(p)]) for p in alive)
+        waited = ("signal_grace_seconds" if signals.signum and not self.stopping
+                  else "the grace time")
+        print(f"deepy.py: worker rank(s) {ranks} did not exit within {waited}: killing them "
+              "(SIGKILL)", file=sys.stderr, flush=True)
+        send(alive, signal.SIGKILL)
+        for proc in alive:
+            proc.wait()
+        self.stopping = True
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when deepy.py ends, however it ends (Linux only)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

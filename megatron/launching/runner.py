@@ -1,0 +1,122 @@
+"""Running DeepSpeed's multi-node runner (pdsh, mpirun, srun) from deepy.py: its output relayed
+without secrets or the encoded config, worker deaths said in one line, signals passed on.
+
+    status = run_runner(argv, env, grace_seconds, launch_id, Redactor(secrets, [encoded]))
+
+Every line the runner and its launchers print passes through `Redactor` (the config blob
+becomes `<config>`, an exported value `K=<hidden>`). Their reports of a dead worker become the
+one-line form of local launches, with what each launcher tells:
+
+    DeepSpeed's per-node launcher (pdsh)  "a worker on HOST died: killed by SIGKILL (...)"
+    mpirun                                "worker rank 1 on HOST died: killed by SIGKILL"
+    srun                                  "worker rank 1 on HOST died: exited with status 1"
+
+SIGTERM / SIGINT to deepy.py goes to the runner's process group, as Ctrl-C in a terminal would:
+DeepSpeed's pdsh runner then stops every node's launcher, which gives its workers SIGTERM and
+SIGKILLs them 30 s later (DeepSpeed's own limit); mpirun and srun pass the signal on by their own
+rules. deepy.py waits for the runner and for the launch's processes on this machine, up to
+`signal_grace_seconds`, then kills what is left here. Processes left on other nodes are the
+launcher's to stop.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from megatron.launching.secrets import Redactor
+from megatron.launching.stopping import DeepySignals, exit_description, shell_status, tagged
+
+POLL_SECONDS = 0.2
+# DeepSpeed's launch.py: "[...] exits with return code = -9", behind pdsh's "host: " prefix
+DEEPSPEED_EXIT = re.compile(r"^(?:(?P<host>[\w.\-]+): )?.*exits with return code = (?P<rc>-?\d+)")
+# mpirun: "mpirun noticed that process rank 1 with PID 42 on node n1 exited on signal 9 (Killed).",
+# which Open MPI wraps over two lines
+MPIRUN_SIGNAL = re.compile(r"process rank (?P<rank>\d+) with PID \d+ on node (?P<host>\S+) "
+                           r"exited on\s+signal (?P<sig>\d+)")
+MPIRUN_WRAPPED = re.compile(r"process rank \d+ with PID \d+ on node \S+( exited( on)?)?$")
+# srun: "srun: error: n1: task 1: Killed" / "...: task 1: Exited with exit code 1"
+SRUN_TASK = re.compile(r"^srun: error: (?P<host>\S+): tasks? (?P<rank>[\d\-,]+): (?P<what>.+)$")
+SRUN_EXIT = re.compile(r"Exited with exit code (\d+)")
+
+
+def describe_runner_line(line: str) -> str | None:
+    """The one-line death report for a launcher's line about a dead worker, else None."""
+    m = MPIRUN_SIGNAL.search(line)
+    if m:
+        return f"worker rank {m['rank']} on {m['host']} died: {exit_description(-int(m['sig']))}"
+    m = SRUN_TASK.match(line)
+    if m:
+        code = SRUN_EXIT.search(m["what"])
+        how = exit_description(int(code.group(1))) if code else _srun_signal(m["what"])
+        return f"worker rank {m['rank']} on {m['host']} died: {how}"
+    m = DEEPSPEED_EXIT.match(line)
+    if m and int(m["rc"]) != 0:
+        where = f" on {m['host']}" if m["host"] else ""
+        return (f"a worker{where} died: {exit_description(int(m['rc']))} (DeepSpeed's launcher "
+                "does not say which rank; look for its 'error (rank R on HOST)' line above)")
+    return None
+
+
+def _srun_signal(what: str) -> str:
+    """srun names a signal by its description ("Killed", "Terminated", "Segmentation fault")."""
+    for sig in signal.Signals:
+        if signal.strsignal(sig) == what.strip():
+            return f"killed by {sig.name}"
+    return what.strip().lower()
+
+
+def relay(stream, out, redactor: Redactor) -> threading.Thread:
+    """A thread copying `stream` to `out` line by line, cleaned and with deaths reworded."""
+    def copy() -> None:
+        held = ""  # the first part of a report wrapped over two lines
+        for raw in iter(stream.readline, b""):
+            line = redactor.clean(raw.decode("utf-8", errors="replace")).rstrip("\n")
+            if held:
+                line, held = f"{held} {line}", ""
+            elif MPIRUN_WRAPPED.search(line):
+                held = line
+                continue
+            out.write((describe_runner_line(line) or line) + "\n")
+            out.flush()
+        if held:
+            out.write(held + "\n")
+        stream.close()
+
+    thread = threading.Thread(target=copy, daemon=True)
+    thread.start()
+    return thread
+
+
+def run_runner(argv: list[str], env: dict[str, str], grace_seconds: float, launch_id: str,
+               redactor: Redactor) -> int:
+    """Run DeepSpeed's runner `argv` to its end; the run's status (see launch_local for 128+S)."""
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    threads = [relay(proc.stdout, sys.stdout, redactor), relay(proc.stderr, sys.stderr, redactor)]
+    with DeepySignals(grace_seconds, lambda signum: _signal_group(proc.pid, signum)) as signals:
+        while proc.poll() is None or (signals.signum and not signals.expired()
+                                      and tagged(launch_id)):
+            if signals.expired() and proc.poll() is None:
+                print("deepy.py: the launcher did not stop within signal_grace_seconds: killing "
+                      "it (SIGKILL)", file=sys.stderr, flush=True)
+                _signal_group(proc.pid, signal.SIGKILL)
+            time.sleep(POLL_SECONDS)
+    _signal_group(proc.pid, signal.SIGKILL)  # whatever the runner left in its session
+    for thread in threads:
+        thread.join(timeout=10)
+    if signals.signum:
+        return 128 + signals.signum
+    return shell_status(proc.returncode)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass

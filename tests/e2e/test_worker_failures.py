@@ -1,0 +1,157 @@
+"""A two-worker tiny run as users stop it or lose it: a worker killed by SIGKILL mid-training,
+SIGTERM (Kubernetes, `kill`) and SIGINT (Ctrl-C) sent to deepy.py's own PID (A34). What a user
+relies on: one line naming the dead worker's rank and signal, deepy.py's exit status, the last
+checkpoint intact, and no worker process left once deepy.py has exited."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from megatron.checkpointing.manifest import check_files, read_manifest
+from tests.e2e.test_cluster_launchers import open_mpi_bin
+from tests.runs import ROOT, clean_env, tiny_overrides
+
+
+def start(small_data, run: Path, **extra) -> tuple[subprocess.Popen, Path]:
+    """deepy.py on a long tiny run (checkpoints every 4 steps); its combined output's file."""
+    log = run.parent / f"{run.name}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "deepy.py"), "train.py", "configs/tiny.yml",
+             *tiny_overrides(*small_data, run, train_iters=2000, checkpoint_factor=4,
+                             eval_interval=1000, log_interval=1, **extra)],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
+    return proc, log
+
+
+def wait_for(log: Path, text: str, proc: subprocess.Popen, limit: float = 300) -> None:
+    deadline = time.time() + limit
+    while text not in log.read_text():
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.time() < deadline, log.read_text()[-3000:]
+        time.sleep(0.5)
+
+
+def workers(deepy: subprocess.Popen) -> dict[int, psutil.Process]:
+    """{rank: process} of the training workers deepy.py started."""
+    found = {}
+    for child in psutil.Process(deepy.pid).children():
+        try:
+            if "train.py" in child.cmdline():
+                found[int(child.environ()["RANK"])] = child
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def left_over(pids: list[int]) -> list[int]:
+    return [p for p in pids if psutil.pid_exists(p)
+            and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def assert_latest_checkpoint_intact(ckpt: Path) -> int:
+    tag = (ckpt / "latest").read_text().strip()
+    manifest = read_manifest(ckpt / tag)
+    assert check_files(ckpt / tag, manifest, hash_names=list(manifest.files)) == []
+    return int(tag[len("global_step"):])
+
+
+@pytest.mark.slow
+def test_a_worker_killed_by_sigkill_is_named_and_the_other_is_stopped(small_data, tmp_path):
+    run = tmp_path / "run"
+    proc, log = start(small_data, run)
+    pids = []
+    try:
+        wait_for(log, "iteration      6/", proc)  # past the checkpoint of step 4
+        found = workers(proc)
+        pids = [p.pid for p in found.values()]
+        assert sorted(found) == [0, 1]
+        found[1].send_signal(signal.SIGKILL)
+        status = proc.wait(timeout=300)
+    finally:
+        proc.kill()
+    out = log.read_text()
+    assert status == 137, out[-3000:]  # 128 + SIGKILL: the dead worker's, as a shell says it
+    died = [line for line in out.splitlines() if " died: " in line]
+    assert died == [f"worker rank 1 (local rank 1) on {socket.gethostname()} died: "
+                    "killed by SIGKILL"], out[-3000:]
+    assert "stopping the other 1 worker(s)" in out
+    assert "--neox_args" not in out and "return code" not in out
+    assert not left_over(pids)
+    assert assert_latest_checkpoint_intact(run / "ckpt") >= 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum,status,word", [(signal.SIGTERM, 143, "preempted"),
+                                                (signal.SIGINT, 130, "interrupted")],
+                         ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_deepy_reaches_every_worker_which_save_and_exit(small_data, tmp_path,
+                                                                     signum, status, word):
+    run = tmp_path / "run"
+    proc, log = start(small_data, run)
+    pids = []
+    try:
+        wait_for(log, "iteration      3/", proc)
+        pids = [p.pid for p in workers(proc).values()]
+        assert len(pids) == 2
+        proc.send_signal(signum)
+        assert proc.wait(timeout=300) == status, log.read_text()[-3000:]
+    finally:
+        proc.kill()
+    out = log.read_text()
+    name = signal.Signals(signum).name
+    assert f"deepy.py: received {name}: passing it to the workers" in out
+    latest = assert_latest_checkpoint_intact(run / "ckpt")
+    assert f"{word} ({name}) at iteration {latest}; checkpoint {run / 'ckpt'}/global_step" \
+           f"{latest}" in out, out[-3000:]
+    assert latest >= 3 and " died: " not in out and "did not exit" not in out
+    assert not left_over(pids)
+
+
+@pytest.mark.slow
+def test_mpiruns_report_of_a_killed_worker_becomes_one_line(small_data, tmp_path):
+    """Through DeepSpeed's runner and a real mpirun: the rank and node come from mpirun."""
+    env = clean_env(PATH=open_mpi_bin() + os.pathsep + os.environ.get("PATH", ""))
+    if os.geteuid() == 0:  # Open MPI refuses root unless told twice
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    run = tmp_path / "run"
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "deepy.py"), "train.py", "configs/tiny.yml",
+             *tiny_overrides(*small_data, run, train_iters=2000, checkpoint_factor=1000,
+                             eval_interval=1000, log_interval=1, hostfile=hostfile,
+                             launcher="openmpi", deepspeed_mpi=True, no_ssh_check=True,
+                             master_addr="127.0.0.1", omp_num_threads=1)],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(log, "iteration      3/", proc)
+        ranks = {}
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                if "train.py" in p.cmdline():  # the worker, or a data loader it started later
+                    rank = int(p.environ()["OMPI_COMM_WORLD_RANK"])
+                    if rank not in ranks or p.create_time() < ranks[rank].create_time():
+                        ranks[rank] = p
+            except (psutil.Error, KeyError):
+                continue
+        assert sorted(ranks) == [0, 1]
+        ranks[1].send_signal(signal.SIGKILL)
+        status = proc.wait(timeout=300)
+    finally:
+        proc.kill()
+    out = log.read_text()
+    assert status != 0
+    assert "worker rank 1 on " in out and "died: killed by SIGKILL" in out, out[-3000:]
+    assert not left_over([p.pid for p in ranks.values()])

@@ -1,0 +1,123 @@
+"""deepy.py's own launching, piece by piece: each worker's environment, the one-line death
+reports (local workers and those DeepSpeed's runner, mpirun and srun report), the exit status,
+secrets hidden from relayed output and carried by the private env file (A34). Real processes
+and signals; the runs themselves: tests/e2e/test_worker_failures.py, tests/e2e/test_secrets.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+
+import pytest
+
+from megatron.launching.local import death_line, local_launch, run_local, worker_env
+from megatron.launching.runner import describe_runner_line
+from megatron.launching.secrets import Redactor, load_env_file, write_env_file
+from megatron.launching.stopping import LAUNCH_ID_VAR, exit_description, tagged
+
+
+def test_each_worker_gets_the_variables_deepspeeds_launcher_would_set():
+    hosts = {"n0": [0, 1], "n1": [0, 1], "n2": [2, 3]}
+    here = local_launch(hosts, 2, "10.0.0.1", 29500)
+    env = worker_env({"KEEP": "1", "RANK": "stale"}, here, 1, "abc")
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "CROSS_RANK",
+                                "CROSS_SIZE", "MASTER_ADDR", "MASTER_PORT")} == {
+        "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "6", "LOCAL_SIZE": "2", "CROSS_RANK": "2",
+        "CROSS_SIZE": "3", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    assert env["KEEP"] == "1" and env[LAUNCH_ID_VAR] == "abc"
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3"  # this node's slots, as DeepSpeed sets them
+    assert here.host == "n2"
+    assert local_launch({"localhost": [0]}, 0, "127.0.0.1", 1).host == socket.gethostname()
+    with pytest.raises(ValueError, match=r"node_rank\(3\) must be in \[0, 3\)"):
+        local_launch(hosts, 3, "10.0.0.1", 29500)
+
+
+def test_death_lines_name_rank_host_and_signal_or_status():
+    here = local_launch({"node-a": [0, 1], "node-b": [0, 1]}, 1, "a", 1)
+    assert death_line(here, 1, -signal.SIGKILL) == \
+        "worker rank 3 (local rank 1) on node-b died: killed by SIGKILL"
+    assert death_line(here, 0, 1) == "worker rank 2 (local rank 0) on node-b died: exited with " \
+                                     "status 1"
+    assert exit_description(-200) == "killed by signal 200"  # no name: the number
+
+
+@pytest.mark.parametrize("line,expected", [
+    ("n1: [2026-01-01 00:00:00] [ERROR] [launch.py:325:sigkill_handler] ['python', '-u', "
+     "'train.py', '--neox_args', '<config>'] exits with return code = -9",
+     "a worker on n1 died: killed by SIGKILL"),
+    ("[2026] [ERROR] [launch.py:325:sigkill_handler] [...] exits with return code = 1",
+     "a worker died: exited with status 1"),
+    ("mpirun noticed that process rank 1 with PID 4242 on node n7 exited on signal 9 (Killed).",
+     "worker rank 1 on n7 died: killed by SIGKILL"),
+    ("prterun noticed that process rank 1 with PID 0 on node n7 exited on signal 9 (Killed).",
+     "worker rank 1 on n7 died: killed by SIGKILL"),
+    ("srun: error: n3: task 2: Killed", "worker rank 2 on n3 died: killed by SIGKILL"),
+    ("srun: error: n3: task 0: Exited with exit code 1",
+     "worker rank 0 on n3 died: exited with status 1"),
+    ("iteration 10/20 | lm_loss 2.1", None),
+])
+def test_launcher_reports_of_a_dead_worker_become_one_line(line, expected):
+    got = describe_runner_line(line)
+    assert (got is None) if expected is None else got.startswith(expected), got
+
+
+def test_a_report_wrapped_over_two_lines_is_joined(capfd):
+    import subprocess
+
+    from megatron.launching.runner import relay
+
+    text = ("prterun noticed that process rank 1 with PID 0 on node vm exited on\n"
+            "signal 9 (Killed).\nnext\n")
+    proc = subprocess.Popen([sys.executable, "-c", f"print({text!r}, end='')"],
+                            stdout=subprocess.PIPE)
+    relay(proc.stdout, sys.stdout, Redactor({})).join()
+    proc.wait()
+    assert capfd.readouterr().out == "worker rank 1 on vm died: killed by SIGKILL\nnext\n"
+
+
+def test_secrets_and_the_config_are_hidden_in_relayed_output():
+    r = Redactor({"HF_TOKEN": "hf_0123456789", "WANDB_MODE": "offline"}, ["ENCODEDBLOB"])
+    line = ("pdsh -w a,b export HF_TOKEN=hf_0123456789; export WANDB_MODE=offline; cd /x; "
+            "python -u train.py --neox_args ENCODEDBLOB; -genv HF_TOKEN hf_0123456789 "
+            "--export=ALL,HF_TOKEN=\"a b\" token hf_0123456789; offline mode")
+    assert r.clean(line) == (
+        "pdsh -w a,b export HF_TOKEN=<hidden>; export WANDB_MODE=<hidden>; cd /x; "
+        "python -u train.py --neox_args <config>; -genv HF_TOKEN <hidden> "
+        "--export=ALL,HF_TOKEN=<hidden> token <hidden>; offline mode")
+
+
+def test_the_env_file_is_private_and_sets_the_workers_variables(tmp_path):
+    path = write_env_file({"HF_TOKEN": "x=y;z", "WANDB_API_KEY": "k"}, str(tmp_path / "sub"))
+    assert os.stat(path).st_mode & 0o077 == 0 and os.stat(tmp_path / "sub").st_mode & 0o077 == 0
+    assert json.loads(open(path).read()) == {"HF_TOKEN": "x=y;z", "WANDB_API_KEY": "k"}
+    environ = {"NEOX_ENV_FILE": path, "HF_TOKEN": "old"}
+    assert load_env_file(environ) == ["HF_TOKEN", "WANDB_API_KEY"]
+    assert environ["HF_TOKEN"] == "x=y;z" and os.path.exists(path)  # other nodes may read it
+    assert load_env_file({}) == []
+    with pytest.raises(RuntimeError, match=f"NEOX_ENV_FILE={tmp_path}/gone cannot be read on "
+                                           f"{socket.gethostname()} .*set env_file_dir"):
+        load_env_file({"NEOX_ENV_FILE": str(tmp_path / "gone")})
+
+
+def test_a_failed_worker_is_reported_and_the_other_is_stopped(capfd, monkeypatch):
+    """Two real processes: local rank 1 exits 3 at once, local rank 0 would sleep for a
+    minute; it is stopped, the status is the failed worker's and nothing tagged is left."""
+    monkeypatch.setattr("megatron.launching.local.FAILURE_GRACE_SECONDS", 5.0)
+    here = local_launch({"localhost": [0, 1]}, 0, "127.0.0.1", 1)
+    script = "import os, sys, time\nif os.environ['LOCAL_RANK'] == '1': sys.exit(3)\ntime.sleep(60)"
+    status = run_local([sys.executable, "-c", script], dict(os.environ), here, 600, "t-launch-1")
+    err = capfd.readouterr().err
+    assert status == 3
+    assert [line for line in err.splitlines() if " died: " in line] == [
+        f"worker rank 1 (local rank 1) on {socket.gethostname()} died: exited with status 3"]
+    assert "stopping the other 1 worker(s)" in err and tagged("t-launch-1") == []
+
+
+def test_workers_that_stop_on_their_own_signal_are_not_deaths(capfd):
+    here = local_launch({"localhost": [0, 1]}, 0, "127.0.0.1", 1)
+    status = run_local([sys.executable, "-c", "import sys; sys.exit(143)"], dict(os.environ),
+                       here, 600, "t-launch-2")
+    assert status == 143 and " died: " not in capfd.readouterr().err
