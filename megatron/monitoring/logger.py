@@ -86,3 +86,17 @@ def deepspeed_prints():
         lines = [line for line in buffer.getvalue().splitlines() if line.strip()]
         if lines:
             get_logger("deepspeed").debug("%s", "\n".join(lines))
+
+
+def who(ranks: list[int]) -> str:
+    """'rank 3', or 'ranks 0, 2-5, 9' for [0, 2, 3, 4, 5, 9]."""
+    parts, ranks = [], sorted(ranks)
+    start = prev = None
+    for r in ranks + [None]:
+        if prev is not None and r == prev + 1:
+            prev = r
+            continue
+        if start is not None:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = r
+    return f"rank {parts[0]}" if len(ranks) == 1 else f"ranks {', '.join(parts)}"

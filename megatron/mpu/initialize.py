@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Mapping
 
 from megatron.monitoring.logger import get_logger, refresh_rank
+from megatron.mpu.clocks import check_clocks
 from megatron.mpu.launch_env import TORCH, LaunchEnv, discovery_mode, read_launch_env
 from megatron.neox_arguments.sections.launcher import MULTI_NODE_MASTER_PORT, LauncherArgs
 
@@ -64,6 +65,7 @@ def init_distributed(backend: str, timeout_minutes: float,
         dist.barrier()
     except Exception as err:
         raise RuntimeError(distributed_timeout_message(timeout_minutes, err)) from None
+    check_clocks()  # A5: only a warning, as nothing depends on the clocks agreeing
 
 
 def collective_timeout(timeout_minutes: float) -> timedelta:

@@ -25,6 +25,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from megatron.monitoring.logger import who
+
 FINISHED = "run ended"  # the phase a rank writes last, when its run ends (done or failed)
 
 
@@ -49,20 +51,6 @@ def read_beats(directory: Path, world_size: int) -> dict[int, dict]:
         except (OSError, ValueError):
             continue
     return found
-
-
-def who(ranks: list[int]) -> str:
-    """'rank 3', or 'ranks 0, 2-5, 9' for [0, 2, 3, 4, 5, 9]."""
-    parts, ranks = [], sorted(ranks)
-    start = prev = None
-    for r in ranks + [None]:
-        if prev is not None and r == prev + 1:
-            prev = r
-            continue
-        if start is not None:
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
-        start = prev = r
-    return f"rank {parts[0]}" if len(ranks) == 1 else f"ranks {', '.join(parts)}"
 
 
 def describe(record: dict) -> str:

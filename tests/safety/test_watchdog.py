@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from megatron.monitoring.logger import who
 from megatron.safety import watchdog
-from megatron.safety.heartbeat import who
 from megatron.safety.watchdog import EXIT_CODE, Limits, Watchdog
 from tests.runs import ROOT
 
