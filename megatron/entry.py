@@ -100,12 +100,25 @@ def _is_option_or_file(item: str) -> bool:
             or item.endswith(CONFIG_SUFFIXES) or _is_override(item))
 
 
+def name_cpu_accelerator(environ) -> None:
+    """On a machine without CUDA, tell DeepSpeed its accelerator is the CPU (DS_ACCELERATOR),
+    unless the user chose one: its detection otherwise warns "Setting accelerator to CPU" once
+    per process. Detection under CUDA is left to DeepSpeed."""
+    if "DS_ACCELERATOR" in environ:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        environ["DS_ACCELERATOR"] = "cpu"
+
+
 def run_entry(main: Callable[[], int | None]) -> int:
     """Run `main`, mapping user errors to a one-line message and exit status 1 (3 for a stop
     by the loss guard, 128 + the signal for a stop on SIGTERM / SIGINT)."""
     setup_logging()
     try:
         load_env_file(os.environ)
+        name_cpu_accelerator(os.environ)
         return int(main() or 0)
     except Preempted as stop:
         if os.environ.get("RANK", "0") == "0":

@@ -51,8 +51,11 @@ def test_two_processes_train_evaluate_save_and_resume(small_data, tmp_path):
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(" iteration ")]
     assert len(lines) == 6 and all(" | mem " in ln and ", ETA " in ln for ln in lines), lines
     assert lines[-1].endswith("ETA 0:00:00")
-    for noise in ("steps: ", "SEED_LAYERS", "Using topology", "stage=0 layers="):
+    for noise in ("steps: ", "SEED_LAYERS", "Using topology", "stage=0 layers=",
+                  "Setting accelerator to CPU", "--neox_args"):
         assert noise not in proc.stdout + proc.stderr, noise
+    warnings = [ln.split("] ", 1)[-1] for ln in proc.stderr.splitlines() if "WARNING" in ln]
+    assert len(warnings) == len(set(warnings)), warnings  # each warning once
     ckpt = run / "ckpt"
     assert (ckpt / "latest").read_text().strip() == "global_step30"
     assert sorted(p.name for p in ckpt.iterdir()) == ["global_step10", "global_step20",
