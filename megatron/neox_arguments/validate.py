@@ -435,6 +435,8 @@ def _launcher(c: Config, world_size: int | None) -> Iterator[str]:
     if not c["distributed_timeout_minutes"] > 0:
         minutes = c["distributed_timeout_minutes"]
         yield f"distributed_timeout_minutes({minutes}) must be greater than 0."
+    if c["memory_check"] not in (True, False, "warn"):
+        yield f"memory_check({c['memory_check']!r}) must be true, false or 'warn'."
     bad = [v for v in c["export_env_vars"] if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v)]
     if bad:
         yield f"export_env_vars has invalid variable names: {', '.join(map(repr, bad))}."
