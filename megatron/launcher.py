@@ -286,7 +286,9 @@ def launch(script: str, argv: list[str]) -> int:
                          "[configs/b.yml] [key=value ...]")
     args = NeoXArgs.from_ymls(files, overrides)
     plan = plan_launch(args, script)
-    preflight(args, script)
+    # checked at the world the plan starts (its data-parallel degree), on this machine's workers
+    preflight(args.with_world_size(plan.world_size), script,
+              workers_here=max(len(slots) for slots in plan.hosts.values()))
     env = {**os.environ, **plan.env}
     env_file = None
     if args.launcher.hostfile and not args.launcher.no_ssh and plan.env:

@@ -209,8 +209,10 @@ def layer_activation_bytes(config, mb: int, s: int, tp: int, sp: bool, e: int,
 
 
 def inference_estimate(args, padded_vocab: int, tp: int, device: str, dtype_bytes: int,
-                       cached: bool = True) -> MemoryEstimate:
-    """Per-worker memory of generate.py / eval.py: weights (+ the KV cache of A29) + logits."""
+                       script: str = "generate.py") -> MemoryEstimate:
+    """Per-worker memory of generate.py / eval.py: the weights, the checkpoint being read (its
+    full, unsharded weights, read on every rank before this rank keeps its shard), for
+    generate.py without `recompute` the KV cache of A29, and one batch's logits."""
     import torch
 
     from megatron.model.config import model_config_from_args
@@ -218,12 +220,17 @@ def inference_estimate(args, padded_vocab: int, tp: int, device: str, dtype_byte
 
     config = model_config_from_args(args, padded_vocab)
     params = params_per_rank(config, tp)[0]
-    batch = max(args.text_generation.generation_batch_size, args.eval.eval_batch_size)
-    positions = config.max_position_embeddings
-    dtype = {4: torch.float32, 2: torch.bfloat16}[dtype_bytes]
-    kv = kv_cache_bytes(config.num_layers, batch, positions, config.num_kv_heads // tp,
-                        config.head_dim, dtype) if cached else 0
-    logits = batch * positions * (padded_vocab // tp) * (dtype_bytes + 4)
-    terms = (("weights", params * dtype_bytes), ("KV cache", kv), ("logits", logits),
+    generating = script == "generate.py"
+    batch = args.text_generation.generation_batch_size if generating else args.eval.eval_batch_size
+    positions = config.max_position_embeddings if generating else config.seq_length
+    kv = 0
+    if generating and not args.text_generation.recompute:
+        dtype = {4: torch.float32, 2: torch.bfloat16}[dtype_bytes]
+        kv = kv_cache_bytes(config.num_layers, batch, positions, config.num_kv_heads // tp,
+                            config.head_dim, dtype)
+    terms = (("weights", params * dtype_bytes),
+             ("checkpoint being read", params_per_rank(config)[0] * dtype_bytes),
+             ("KV cache", kv),
+             ("logits", batch * positions * (padded_vocab // tp) * (dtype_bytes + 4)),
              ("framework", framework_bytes(args, device)))
     return MemoryEstimate(terms, params, Layout(tp=tp), 0, "")
