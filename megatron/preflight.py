@@ -76,12 +76,9 @@ def _tokenizer(args):
 
 def _check_memory(args, script: str, tokenizer, workers_here: int) -> None:
     """A30: the estimate at the config's layout, against what a worker has here."""
-    from megatron.neox_arguments import padded_vocab_size
-    from megatron.safety.memory_check import check_memory
+    from megatron.safety.memory_check import check_memory, padded_vocab
 
-    vocab = padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by,
-                              args.parallelism.model_parallel_size)
-    check_memory(args, script, vocab, workers_here)
+    check_memory(args, script, padded_vocab(args, tokenizer.vocab_size), workers_here)
 
 
 DATA_KEYS = ("data_path", "train_data_paths", "valid_data_paths", "test_data_paths")

@@ -80,6 +80,45 @@ def estimate_for(args, script: str, padded_vocab: int, device: str) -> MemoryEst
     return training_estimate(args, padded_vocab, Layout.from_args(args), device)
 
 
+def padded_vocab(args, vocab_size: int | None = None) -> int:
+    """The padded vocabulary of a new run: from `vocab_size`, else from the config's tokenizer."""
+    from megatron.neox_arguments import padded_vocab_size
+
+    if vocab_size is None:
+        from megatron.tokenizer import build_tokenizer
+
+        tok = args.tokenizer
+        vocab_size = build_tokenizer(tok.tokenizer_type, tok.vocab_file, tok.merge_file).vocab_size
+    return padded_vocab_size(vocab_size, args.model.make_vocab_size_divisible_by,
+                             args.parallelism.model_parallel_size)
+
+
+def describe_estimate(args, script: str, vocab_size: int | None = None,
+                      device: str | None = None) -> tuple[list[str], bool]:
+    """(report lines, whether it fits one worker of this machine) for tools/memory_estimate.py."""
+    device = device or run_device()
+    vocab = padded_vocab(args, vocab_size)
+    est = estimate_for(args, script, vocab, device)
+    d = args.derived
+    layout = f"tp={est.layout.tp}" if script in INFERENCE_SCRIPTS else est.layout.describe()
+    lines = [f"memory estimate for {script}, per worker, GiB = 2^30 bytes",
+             f"  layout: {layout} (world size {d.world_size}), {d.precision}, "
+             f"{device}" + (f", pipeline stage {est.stage} (the largest)" if est.layout.pp > 1 else ""),
+             f"  parameters on this rank: {est.params:,} (padded vocabulary {vocab})"]
+    lines += est.table()
+    if est.activation_note:
+        lines.append(f"  attention: {est.activation_note}")
+    workers = d.num_gpus
+    if device == "cuda" and run_device() != "cuda":
+        lines.append("  available: not compared (this machine has no CUDA GPU)")
+        return lines, True
+    free, source = available_per_worker(device, workers)
+    fits = est.total <= free
+    lines.append(f"  available here: {gib(free)} per worker ({source}): "
+                 + ("fits" if fits else "does not fit"))
+    return lines, fits
+
+
 def check_memory(args, script: str, padded_vocab: int, workers_here: int,
                  device: str | None = None, available: tuple[int, str] | None = None
                  ) -> MemoryEstimate:
@@ -87,9 +126,10 @@ def check_memory(args, script: str, padded_vocab: int, workers_here: int,
     what one worker has here."""
     device = device or run_device()
     est = estimate_for(args, script, padded_vocab, device)
-    where = "" if script in INFERENCE_SCRIPTS else f", stage {est.stage}" if est.layout.pp > 1 else ""
-    log.info("memory estimate for %s (%s%s, %s): %s", script, est.layout.describe(), where,
-             device, est.summary())
+    layout = f"tp={est.layout.tp}" if script in INFERENCE_SCRIPTS else est.layout.describe()
+    where = f", pipeline stage {est.stage}" if est.layout.pp > 1 else ""
+    log.info("memory estimate for %s (%s%s, %s): %s", script, layout, where, device,
+             est.summary())
     mode = args.launcher.memory_check
     if mode is False:
         return est

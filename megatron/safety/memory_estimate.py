@@ -104,6 +104,13 @@ class MemoryEstimate:
         return f"~{gib(self.total)} per worker ({parts})"
 
 
+    def table(self) -> list[str]:
+        """One line per term and the total, aligned, in GiB."""
+        width = max(len(name) for name, _ in self.terms)
+        lines = [f"  {name:<{width}}  {v / GIB:>9.3f} GiB" for name, v in self.terms]
+        return lines + [f"  {'total':<{width}}  {self.total / GIB:>9.3f} GiB"]
+
+
 def gib(n: int | float) -> str:
     return f"{n / GIB:.2f} GiB" if n < 10 * GIB else f"{n / GIB:.1f} GiB"
 
