@@ -177,7 +177,6 @@ MEASURED = {  # name: overrides on configs/tiny.yml (27.3M parameters, sequences
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MEASURED))
 def test_estimate_is_within_tolerance_of_measured_peak_rss(name, small_data, tmp_path):
     """The estimate's model terms (all but the framework constant) against the growth of peak
