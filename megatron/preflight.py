@@ -3,7 +3,7 @@
     preflight(args, "train.py")   # ValueError naming the key / file and what to do
 
 For train.py, generate.py and eval.py, the memory one worker needs is estimated and logged,
-and a run that cannot fit in what this machine has is refused (safety.memory_check, A30).
+and a run that cannot fit in what this machine has is refused (training.memory_check, A30).
 
 For train.py and eval.py, the package of every tracker the config asks for (TensorBoard, wandb,
 Comet) is installed (monitoring.trackers.check_trackers_installed).
@@ -76,7 +76,7 @@ def _tokenizer(args):
 
 def _check_memory(args, script: str, tokenizer, workers_here: int) -> None:
     """A30: the estimate at the config's layout, against what a worker has here."""
-    from megatron.safety.memory_check import check_memory, padded_vocab
+    from megatron.training.memory_check import check_memory, padded_vocab
 
     check_memory(args, script, padded_vocab(args, tokenizer.vocab_size), workers_here)
 

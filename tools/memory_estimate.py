@@ -10,7 +10,7 @@
 Config files and key=value overrides are read as deepy.py reads them. The world size is
 num_nodes * num_gpus of the config unless --world-size gives it. The padded vocabulary comes
 from the config's tokenizer files, or from --vocab-size when they are not at hand. Every term is
-per worker in GiB (2^30 bytes); how each is computed is in megatron/safety/memory_estimate.py.
+per worker in GiB (2^30 bytes); how each is computed is in megatron/training/memory_estimate.py.
 The last line compares the total with what a worker has on this machine (the figure deepy.py
 uses); exits 1 when it does not fit, 0 otherwise.
 """
@@ -41,7 +41,7 @@ def main(argv=None) -> int:
 def report(options, rest: list[str]) -> int:
     from megatron.entry import split_command_line
     from megatron.neox_arguments import NeoXArgs
-    from megatron.safety.memory_check import describe_estimate
+    from megatron.training.memory_check import describe_estimate
 
     files, overrides = split_command_line(rest)
     if not files:

@@ -15,7 +15,7 @@ the estimate.
 from __future__ import annotations
 
 from megatron.monitoring.logger import get_logger
-from megatron.safety.memory_estimate import (DTYPE_BYTES, Layout, MemoryEstimate, gib,
+from megatron.training.memory_estimate import (DTYPE_BYTES, Layout, MemoryEstimate, gib,
                                              inference_estimate, training_estimate)
 
 log = get_logger(__name__)

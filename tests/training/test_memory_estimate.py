@@ -18,8 +18,8 @@ from megatron.model.kv_cache import kv_cache_bytes
 from megatron.model.param_count import params_per_rank
 from megatron.mpu.groups import TensorParallel
 from megatron.neox_arguments import NeoXArgs
-from megatron.safety.memory_check import check_memory
-from megatron.safety.memory_estimate import GIB, inference_estimate, training_estimate
+from megatron.training.memory_check import check_memory
+from megatron.training.memory_estimate import GIB, inference_estimate, training_estimate
 from tests.distributed import run_distributed
 from tests.runs import ROOT, clean_env, deepy, explain, free_port
 
@@ -188,7 +188,7 @@ def test_estimate_is_within_tolerance_of_measured_peak_rss(name, small_data, tmp
             "max_position_embeddings=256", "train_micro_batch_size_per_gpu=4",
             "train_batch_size=4", f"save={tmp_path}", "load=null", f"master_port={free_port()}",
             *MEASURED[name]]
-    proc = subprocess.run([sys.executable, "-m", "tests.safety.memory_worker", "3", *argv],
+    proc = subprocess.run([sys.executable, "-m", "tests.training.memory_worker", "3", *argv],
                           cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env=clean_env(OMP_NUM_THREADS="2"))
     assert proc.returncode == 0, explain(proc)

@@ -1,12 +1,12 @@
 """One training rank that measures its own peak resident memory over a few real steps.
 
-    python -m tests.safety.memory_worker STEPS CONFIG.yml [more.yml] [key=value ...]
+    python -m tests.training.memory_worker STEPS CONFIG.yml [more.yml] [key=value ...]
 
 Joins a one-rank gloo group, reads its resident memory (the baseline: Python, torch, DeepSpeed
 and the process group, no model), builds the real DeepSpeed engine of the config and runs STEPS
 training steps on random tokens while a thread samples the resident set size every 2 ms. Prints
 one JSON line: baseline and peak RSS in bytes, the parameters on the rank and the estimate's
-terms for the same config (megatron/safety/memory_estimate.py).
+terms for the same config (megatron/training/memory_estimate.py).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def main(argv=None) -> int:
     from megatron.entry import split_command_line
     from megatron.mpu.initialize import init_distributed
     from megatron.neox_arguments import NeoXArgs
-    from megatron.safety.memory_check import padded_vocab
-    from megatron.safety.memory_estimate import training_estimate
+    from megatron.training.memory_check import padded_vocab
+    from megatron.training.memory_estimate import training_estimate
     from megatron.training.batch import BatchOptions, model_inputs
     from megatron.training.loop import setup_engine
     from megatron.training.step import train_step
