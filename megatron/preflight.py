@@ -44,7 +44,7 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
         return
     if name == "train.py":
         _check_training_inputs(args)
-    tokenizer = _tokenizer(args)
+    tokenizer = _tokenizer(args) if name in LOADING_SCRIPTS else None
     if name in MEMORY_SCRIPTS:
         _check_memory(args, name, tokenizer, workers_here)
     if name not in LOADING_SCRIPTS:
@@ -75,7 +75,16 @@ def _tokenizer(args):
 
 
 def _check_memory(args, script: str, tokenizer, workers_here: int) -> None:
-    """A30: the estimate at the config's layout, against what a worker has here."""
+    """A30: the estimate at the config's layout, against what a worker has here. generate.py
+    and eval.py workers report an unusable tokenizer themselves; without one, no estimate."""
+    if tokenizer is None:
+        try:
+            tokenizer = _tokenizer(args)
+        except (FileNotFoundError, ValueError) as err:
+            from megatron.monitoring.logger import get_logger
+
+            get_logger(__name__).info("no memory estimate: the tokenizer does not load (%s)", err)
+            return
     from megatron.training.memory_check import check_memory, padded_vocab
 
     check_memory(args, script, padded_vocab(args, tokenizer.vocab_size), workers_here)
