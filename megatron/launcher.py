@@ -315,7 +315,9 @@ def run_once(args, script: str) -> int:
     from megatron.preflight import preflight
 
     plan = plan_launch(args, script)
-    preflight(args, script)
+    # checked at the world the plan starts (its data-parallel degree), on this machine's workers
+    preflight(args.with_world_size(plan.world_size), script,
+              workers_here=max(len(slots) for slots in plan.hosts.values()))
     return run_plan(args, plan)
 
 

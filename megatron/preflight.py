@@ -2,6 +2,9 @@
 
     preflight(args, "train.py")   # ValueError naming the key / file and what to do
 
+For train.py, generate.py and eval.py, the memory one worker needs is estimated and logged,
+and a run that cannot fit in what this machine has is refused (training.memory_check, A30).
+
 For train.py and eval.py, the package of every tracker the config asks for (TensorBoard, wandb,
 Comet) is installed (monitoring.trackers.check_trackers_installed).
 
@@ -26,27 +29,29 @@ from pathlib import Path
 
 LOADING_SCRIPTS = ("train.py", "reshard.py")
 TRACKING_SCRIPTS = ("train.py", "eval.py")
+MEMORY_SCRIPTS = ("train.py", "generate.py", "eval.py")
 
 
-def preflight(args, script: str) -> None:
+def preflight(args, script: str, workers_here: int = 1) -> None:
     """Raise ValueError / FileNotFoundError / RuntimeError for what would make `script`'s
-    workers fail at start-up."""
+    workers fail at start-up; `workers_here` of them start on this machine."""
     name = Path(script).name
     if name in TRACKING_SCRIPTS:
         from megatron.monitoring.trackers import check_trackers_installed
 
         check_trackers_installed(args)
-    if name not in LOADING_SCRIPTS:
+    if name not in LOADING_SCRIPTS and name not in MEMORY_SCRIPTS:
         return
-    from megatron.tokenizer import build_tokenizer
-
     if name == "train.py":
         _check_training_inputs(args)
+    tokenizer = _tokenizer(args) if name in LOADING_SCRIPTS else None
+    if name in MEMORY_SCRIPTS:
+        _check_memory(args, name, tokenizer, workers_here)
+    if name not in LOADING_SCRIPTS:
+        return
     from megatron.safety.lock import check_free
 
     check_free(args.checkpoint.save)  # another live run writes there
-    tok = args.tokenizer
-    tokenizer = build_tokenizer(tok.tokenizer_type, tok.vocab_file, tok.merge_file)
     ck = args.checkpoint
     if not ck.load or ck.finetune:
         return
@@ -60,6 +65,29 @@ def preflight(args, script: str) -> None:
     # a checkpoint written from weights alone (e.g. converted from Hugging Face) has no schedule
     if name == "train.py" and not ck.no_load_optim and manifest.contents.get("engine", True):
         _check_schedule(args, step_dir)
+
+
+def _tokenizer(args):
+    from megatron.tokenizer import build_tokenizer
+
+    tok = args.tokenizer
+    return build_tokenizer(tok.tokenizer_type, tok.vocab_file, tok.merge_file)
+
+
+def _check_memory(args, script: str, tokenizer, workers_here: int) -> None:
+    """A30: the estimate at the config's layout, against what a worker has here. generate.py
+    and eval.py workers report an unusable tokenizer themselves; without one, no estimate."""
+    if tokenizer is None:
+        try:
+            tokenizer = _tokenizer(args)
+        except (FileNotFoundError, ValueError) as err:
+            from megatron.monitoring.logger import get_logger
+
+            get_logger(__name__).info("no memory estimate: the tokenizer does not load (%s)", err)
+            return
+    from megatron.training.memory_check import check_memory, padded_vocab
+
+    check_memory(args, script, padded_vocab(args, tokenizer.vocab_size), workers_here)
 
 
 DATA_KEYS = ("data_path", "train_data_paths", "valid_data_paths", "test_data_paths")

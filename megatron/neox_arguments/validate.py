@@ -465,6 +465,8 @@ def _launcher(c: Config, world_size: int | None) -> Iterator[str]:
     if not c["signal_grace_seconds"] >= 0:
         yield (f"signal_grace_seconds({c['signal_grace_seconds']}) must be 0 or more (seconds "
                "the workers get to save and exit after a signal).")
+    if c["memory_check"] not in (True, False, "warn"):
+        yield f"memory_check({c['memory_check']!r}) must be true, false or 'warn'."
     bad = [v for v in c["export_env_vars"] if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v)]
     if bad:
         yield f"export_env_vars has invalid variable names: {', '.join(map(repr, bad))}."

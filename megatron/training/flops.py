@@ -5,12 +5,7 @@ from __future__ import annotations
 
 from megatron.model.activations import GATED
 from megatron.model.config import ModelConfig
-
-
-def _norm_params(config: ModelConfig) -> int:
-    if config.norm == "scalenorm":
-        return 1
-    return config.hidden_size * (2 if config.use_bias_in_norms else 1)
+from megatron.model.param_count import count_parameters  # noqa: F401  (re-exported)
 
 
 def _matmul_params_per_layer(config: ModelConfig) -> int:
@@ -19,22 +14,6 @@ def _matmul_params_per_layer(config: ModelConfig) -> int:
     dense = config.num_attention_heads * d * h
     up = config.intermediate_size * (2 if config.activation in GATED else 1)
     return qkv + dense + h * up + config.intermediate_size * h
-
-
-def count_parameters(config: ModelConfig) -> int:
-    """Every parameter of the full (unsharded) model, tied weights counted once."""
-    h, d = config.hidden_size, config.head_dim
-    embed = config.padded_vocab_size * h
-    if config.pos_emb == "learned":
-        embed += config.max_position_embeddings * h
-    per_layer = _matmul_params_per_layer(config) + 2 * _norm_params(config)
-    if config.use_bias_in_attn_linear:
-        per_layer += (config.num_attention_heads + 2 * config.num_kv_heads) * d + h
-    if config.use_bias_in_mlp:
-        up = config.intermediate_size * (2 if config.activation in GATED else 1)
-        per_layer += up + h
-    head = 0 if config.tied_embeddings else config.padded_vocab_size * h
-    return embed + config.num_layers * per_layer + _norm_params(config) + head
 
 
 def flops_per_token(config: ModelConfig, seq_length: int | None = None) -> float:

@@ -98,6 +98,12 @@ class LauncherArgs:
     omp_num_threads: int | None = option(
         None, "OMP_NUM_THREADS of each worker (null: CPU cores // processes per node)."
     )
+    memory_check: bool | str = option(
+        True,
+        "Before any worker starts, deepy.py prints the per-worker memory estimate and refuses "
+        "a run that needs more than this machine has (true); 'warn' prints the same refusal "
+        "as a warning and starts the workers; false skips the comparison.",
+    )
     distributed_timeout_minutes: float = option(
         10.0,
         "Timeout of distributed initialisation and collectives, in minutes; fractions allowed "

@@ -1,0 +1,114 @@
+"""How many parameters each layer of the model holds on one rank, computed from the config alone.
+
+    layer_params(config, tp=2)                  # [embedding, block 0 .. block L-1, final norm, head]
+    stage_layers(config, pp=4, method="type:transformer|mlp")   # DeepSpeed's partition
+    params_per_rank(config, tp=2, pp=4)         # [stage 0's count, ..., stage 3's count]
+
+The counts follow the layers in `megatron/model/` exactly (tests build the real modules and
+compare with sum(p.numel())): the vocabulary (padded), QKV and MLP input rows, and the attention
+and MLP output columns are split over tensor-parallel ranks; norms, the output projections'
+biases and learned position embeddings are whole on every rank. With tied embeddings the LM
+head is the embedding layer again: built once when the embedding and head share a stage (or
+without a pipeline), and once on each of the first and last stages otherwise, as DeepSpeed's
+PipelineModule builds its tied layers.
+"""
+
+from __future__ import annotations
+
+import re
+
+from megatron.model.activations import GATED
+
+# class names of the layer specs (megatron/model/gpt.py build_layer_specs), which DeepSpeed's
+# "type:<regex>" partition method matches
+EMBEDDING, BLOCK, FINAL_NORM, HEAD = "EmbeddingPipe", "TransformerLayerPipe", "FinalNormPipe", "LMHead"
+
+
+def norm_params(config) -> int:
+    """One norm layer over the hidden size (megatron/model/norms.py)."""
+    if config.norm == "scalenorm":
+        return 1  # one learned scalar
+    return config.hidden_size * (2 if config.use_bias_in_norms else 1)
+
+
+def embedding_params(config, tp: int = 1) -> int:
+    """The vocabulary rows of this rank, plus learned position embeddings (not split)."""
+    count = config.padded_vocab_size // tp * config.hidden_size
+    if config.pos_emb == "learned":
+        count += config.max_position_embeddings * config.hidden_size
+    return count
+
+
+def block_params(config, tp: int = 1) -> int:
+    """One transformer layer on a rank of `tp`: two norms, attention, MLP."""
+    h, d = config.hidden_size, config.head_dim
+    qkv_rows = (config.num_attention_heads + 2 * config.num_kv_heads) * d // tp
+    attn_cols = config.num_attention_heads * d // tp
+    up_rows = config.intermediate_size * (2 if config.activation in GATED else 1) // tp
+    down_cols = config.intermediate_size // tp
+    count = 2 * norm_params(config) + qkv_rows * h + h * attn_cols + up_rows * h + h * down_cols
+    if config.use_bias_in_attn_linear:
+        count += qkv_rows + h  # the dense (row-parallel) bias is whole on every rank
+    if config.use_bias_in_mlp:
+        count += up_rows + h
+    return count
+
+
+def layer_kinds(config) -> list[str]:
+    """The class name of each layer spec, in pipeline order."""
+    head = EMBEDDING if config.tied_embeddings else HEAD
+    return [EMBEDDING, *[BLOCK] * config.num_layers, FINAL_NORM, head]
+
+
+def layer_params(config, tp: int = 1) -> list[int]:
+    """Parameters each layer spec builds on a rank of `tp` (a tied head counts in full, as
+    DeepSpeed's "parameters" partition method counts it)."""
+    per_kind = {EMBEDDING: embedding_params(config, tp), BLOCK: block_params(config, tp),
+                FINAL_NORM: norm_params(config),
+                HEAD: config.padded_vocab_size // tp * config.hidden_size}
+    return [per_kind[kind] for kind in layer_kinds(config)]
+
+
+def stage_layers(config, pp: int, method: str = "type:transformer|mlp", tp: int = 1
+                 ) -> list[range]:
+    """The layer-spec indices of each of `pp` pipeline stages, as DeepSpeed's PipelineModule
+    partitions them (uniform, parameters or type:<regex>)."""
+    from deepspeed.runtime import utils as ds_utils
+
+    kinds = layer_kinds(config)
+    if pp <= 1:
+        return [range(len(kinds))]
+    name = method.lower()
+    if name == "uniform":
+        parts = ds_utils.partition_uniform(num_items=len(kinds), num_parts=pp)
+    elif name == "parameters":
+        parts = ds_utils.partition_balanced(weights=layer_params(config, tp), num_parts=pp)
+    elif name.startswith("type:"):
+        pattern = re.compile(name.split(":", 1)[1], re.IGNORECASE)
+        weights = [1 if pattern.search(kind) else 0 for kind in kinds]
+        if not any(weights):
+            raise ValueError(f"pipe_partition_method {method!r} matches no layer; layer types "
+                             f"are {', '.join(sorted(set(kinds)))}")
+        parts = ds_utils.partition_balanced(weights=weights, num_parts=pp)
+    else:
+        raise ValueError(f"pipe_partition_method {method!r} is not known; valid: uniform, "
+                         "parameters, type:<regex>")
+    return [range(parts[s], parts[s + 1]) for s in range(pp)]
+
+
+def params_per_rank(config, tp: int = 1, pp: int = 0, method: str = "type:transformer|mlp"
+                    ) -> list[int]:
+    """sum(p.numel()) of the model on a rank of each pipeline stage (one entry when pp <= 1)."""
+    counts = layer_params(config, tp)
+    kinds = layer_kinds(config)
+    out = []
+    for layers in stage_layers(config, pp, method, tp):
+        total = sum(counts[i] for i in layers)
+        tied_here = config.tied_embeddings and 0 in layers and len(kinds) - 1 in layers
+        out.append(total - (counts[-1] if tied_here else 0))  # one module serves both
+    return out
+
+
+def count_parameters(config) -> int:
+    """Every parameter of the full (unsharded) model, tied weights counted once."""
+    return params_per_rank(config)[0]

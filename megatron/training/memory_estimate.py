@@ -1,0 +1,243 @@
+"""Memory one worker of a run needs, estimated from the resolved config and a layout (A30).
+
+    layout = Layout.from_args(args)                    # tp, pp, dp, ZeRO stage of the config
+    est = training_estimate(args, padded_vocab, layout, device="cpu")
+    est.total, est.terms, est.summary()                # bytes; (name, bytes) pairs; one line
+
+Everything is per worker (one rank) and in bytes; `summary()` prints GiB (2^30 bytes). With
+pipeline stages the estimate is that of the stage that needs the most.
+
+Training terms, with P the parameters on the rank (megatron/model/param_count.py, exact), d
+the data-parallel degree and b the bytes of the run's dtype (fp32 4, bf16/fp16 2):
+- weights            P * b; ZeRO 3 divides by d.
+- gradients          P * b; ZeRO 2 and 3 divide by d.
+- fp32 master copy   P * 8 (weights and their gradients in fp32, which DeepSpeed's bf16/fp16
+                     optimizers and its ZeRO optimizer keep even for fp32 runs); none for plain
+                     fp32 without ZeRO; ZeRO 1-3 divide by d.
+- optimizer states   P * 4 * states (Adam: 2 moments, SGD with momentum: 1); ZeRO 1-3 divide by d.
+- activations        per micro-batch and transformer layer, in elements of the run's dtype
+                     (Korthikanti et al. 2022, "Reducing Activation Recomputation", generalised
+                     to GQA, any MLP width and gated activations):
+                       4sbh (two norm inputs, attention and MLP inputs; /tp with sequence
+                       parallelism) + sb(2*heads*d + 2*kv_heads*d)/tp (q, k, v, attention
+                       output) + sb(up + ffn [+ ffn gated])/tp (MLP), plus one byte per
+                       element of each dropout mask when dropout > 0. Attention scores
+                       [b, heads/tp, s, s] are stored only when the math kernel runs: on CPU,
+                       torch SDPA uses its fused kernel unless attention_dropout > 0 and then
+                       materialises fp32 scores (softmax output, dropout output: 8 bytes + a
+                       1-byte mask per score); on CUDA the fused kernels keep a [b, heads, s]
+                       fp32 log-sum-exp instead. With checkpoint_activations a layer keeps only
+                       its input (sbh) and one layer at a time is recomputed. The first
+                       pipeline stage holds min(pp, gradient_accumulation_steps) micro-batches
+                       in flight (1F1B), stage k min(pp - k, gas).
+- backward working set  one layer's activations again: the gradients its backward allocates.
+- logits and loss    on the last stage: s*b*V/tp logits in the dtype, fp32 log-softmax kept for
+                     backward and fp32 gradients of both (12 bytes + b per logit, 12 in fp32).
+- framework          a stated constant per worker: FRAMEWORK_BYTES (torch, DeepSpeed and gloo
+                     after import, measured as resident memory on CPU; CUDA context and NCCL
+                     buffers on GPU, not measured here), plus DATA_WORKER_BYTES per data-loader
+                     worker process on CPU.
+
+Generation and eval (generate.py, eval.py) need the weights and, for generation with the cache,
+the KV cache that check A29 computes (megatron/model/kv_cache.py kv_cache_bytes) for
+generation_batch_size sequences of max_position_embeddings positions, the most A29 lets a batch
+reach; plus the logits of one batch and the framework constant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron.model.activations import GATED
+from megatron.model.param_count import params_per_rank, stage_layers
+
+GIB = 1024**3
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# resident memory of one worker before its model exists, by device kind (see the docstring)
+FRAMEWORK_BYTES = {"cpu": GIB // 2, "cuda": GIB}
+DATA_WORKER_BYTES = 128 * 1024**2  # each data-loader worker process (CPU memory)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the run is split: tensor-, pipeline- and data-parallel degrees, ZeRO stage."""
+
+    tp: int = 1
+    pp: int = 0  # pipe_parallel_size: 0 = no pipeline engine, 1 = one stage
+    dp: int = 1
+    zero_stage: int = 0
+
+    @classmethod
+    def from_args(cls, args) -> "Layout":
+        return cls(tp=args.parallelism.model_parallel_size,
+                   pp=args.parallelism.pipe_parallel_size,
+                   dp=args.derived.data_parallel_size, zero_stage=args.deepspeed.zero_stage)
+
+    def describe(self) -> str:
+        return f"tp={self.tp} pp={self.pp} dp={self.dp} ZeRO {self.zero_stage}"
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """The estimate of one worker: named terms in bytes, largest stage when pipelined."""
+
+    terms: tuple[tuple[str, int], ...]
+    params: int  # parameters held by the rank (before ZeRO 3 partitions them)
+    layout: Layout
+    stage: int = 0
+    activation_note: str = ""
+
+    @property
+    def total(self) -> int:
+        return sum(v for _, v in self.terms)
+
+    def term(self, name: str) -> int:
+        return dict(self.terms).get(name, 0)
+
+    def biggest(self) -> tuple[str, int]:
+        return max(self.terms, key=lambda t: t[1])
+
+    def summary(self) -> str:
+        """'~X GiB per worker (weights a GiB, ...)', largest terms first."""
+        parts = ", ".join(f"{name} {gib(v)}" for name, v in
+                          sorted(self.terms, key=lambda t: -t[1]) if v)
+        return f"~{gib(self.total)} per worker ({parts})"
+
+
+    def table(self) -> list[str]:
+        """One line per term and the total, aligned, in GiB."""
+        width = max(len(name) for name, _ in self.terms)
+        lines = [f"  {name:<{width}}  {v / GIB:>9.3f} GiB" for name, v in self.terms]
+        return lines + [f"  {'total':<{width}}  {self.total / GIB:>9.3f} GiB"]
+
+
+def gib(n: int | float) -> str:
+    return f"{n / GIB:.2f} GiB" if n < 10 * GIB else f"{n / GIB:.1f} GiB"
+
+
+def training_estimate(args, padded_vocab: int, layout: Layout | None = None,
+                      device: str = "cpu") -> MemoryEstimate:
+    """Per-worker memory of train.py for `args` at `layout` (the config's own by default)."""
+    from megatron.model.config import model_config_from_args
+
+    layout = layout or Layout.from_args(args)
+    config = model_config_from_args(args, padded_vocab)
+    per_stage = params_per_rank(config, layout.tp, layout.pp, args.parallelism.pipe_partition_method)
+    stages = stage_layers(config, layout.pp, args.parallelism.pipe_partition_method, layout.tp)
+    best = None
+    for k, (params, layers) in enumerate(zip(per_stage, stages)):
+        blocks = sum(1 for i in layers if 1 <= i <= config.num_layers)
+        last = k == len(stages) - 1
+        est = _stage_estimate(args, config, layout, device, params, blocks, k, last)
+        if best is None or est.total > best.total:
+            best = est
+    return best
+
+
+def _stage_estimate(args, config, layout: Layout, device: str, params: int, blocks: int,
+                    stage: int, last: bool) -> MemoryEstimate:
+    precision = args.derived.precision
+    b = DTYPE_BYTES[precision]
+    d, z = layout.dp, layout.zero_stage
+    opt = args.optimizer.optimizer
+    from megatron.training.optimizers import state_keys
+
+    states = len(state_keys(opt["type"], opt.get("params", {})))
+    master = 0 if (precision == "fp32" and z == 0) else params * 8
+    terms = [
+        ("weights", params * b // (d if z >= 3 else 1)),
+        ("gradients", params * b // (d if z >= 2 else 1)),
+        ("fp32 master copy", master // (d if z >= 1 else 1)),
+        ("optimizer states", params * 4 * states // (d if z >= 1 else 1)),
+    ]
+    act = Activations.from_args(args, config, layout.tp, device)
+    in_flight = 1 if layout.pp <= 1 else min(layout.pp - stage, args.derived.gradient_accumulation_steps)
+    terms += [("activations", in_flight * act.stored(blocks)),
+              ("backward working set", act.layer if blocks else 0),
+              ("logits and loss", act.logits if last else 0),
+              ("framework", framework_bytes(args, device))]
+    return MemoryEstimate(tuple(terms), params, layout, stage, act.note)
+
+
+def framework_bytes(args, device: str) -> int:
+    """The stated per-worker constant (module docstring)."""
+    if device == "cuda":
+        return FRAMEWORK_BYTES["cuda"]
+    return FRAMEWORK_BYTES["cpu"] + args.data.num_workers * DATA_WORKER_BYTES
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Activation bytes of one micro-batch on one rank."""
+
+    layer: int  # one transformer layer, everything its backward needs
+    layer_input: int  # what a checkpointed layer keeps
+    logits: int
+    checkpointed: bool
+    note: str
+
+    def stored(self, blocks: int) -> int:
+        """Kept between forward and backward by `blocks` layers of one micro-batch."""
+        if not blocks:
+            return 0
+        if self.checkpointed:  # inputs of every layer, plus the one being recomputed
+            return blocks * self.layer_input + self.layer
+        return blocks * self.layer
+
+    @classmethod
+    def from_args(cls, args, config, tp: int, device: str) -> "Activations":
+        s, mb = config.seq_length, args.derived.train_micro_batch_size_per_gpu
+        e = DTYPE_BYTES[args.derived.precision]
+        sp = args.parallelism.sequence_parallel and tp > 1
+        layer, note = layer_activation_bytes(config, mb, s, tp, sp, e, device)
+        logits = mb * s * (config.padded_vocab_size // tp) * (12 + (e if e < 4 else 0))
+        return cls(layer=layer, layer_input=mb * s * config.hidden_size * e // (tp if sp else 1),
+                   logits=logits, checkpointed=args.parallelism.checkpoint_activations, note=note)
+
+
+def layer_activation_bytes(config, mb: int, s: int, tp: int, sp: bool, e: int,
+                           device: str) -> tuple[int, str]:
+    """(bytes one transformer layer keeps for backward for one micro-batch, which attention
+    memory was assumed); the formula is in the module docstring."""
+    h, d, f = config.hidden_size, config.head_dim, config.intermediate_size
+    heads, kv = config.num_attention_heads, config.num_kv_heads
+    sb = s * mb
+    shared = 4 * sb * h * e + (2 * sb * h if config.hidden_dropout > 0 else 0)
+    attn = sb * (2 * heads * d + 2 * kv * d) * e // tp
+    gated = config.activation in GATED
+    mlp = sb * ((2 * f if gated else f) + f + (f if gated else 0)) * e // tp
+    if device == "cpu" and config.attention_dropout > 0:
+        scores = mb * (heads // tp) * s * s * 9
+        note = "math attention (CPU with attention_dropout > 0): fp32 scores stored"
+    else:
+        scores = mb * (heads // tp) * s * 4
+        note = "fused attention (torch SDPA flash/efficient kernel): no [s, s] scores stored"
+    return (shared // (tp if sp else 1)) + attn + mlp + scores, note
+
+
+def inference_estimate(args, padded_vocab: int, tp: int, device: str, dtype_bytes: int,
+                       script: str = "generate.py") -> MemoryEstimate:
+    """Per-worker memory of generate.py / eval.py: the weights, the checkpoint being read (its
+    full, unsharded weights, read on every rank before this rank keeps its shard), for
+    generate.py without `recompute` the KV cache of A29, and one batch's logits."""
+    import torch
+
+    from megatron.model.config import model_config_from_args
+    from megatron.model.kv_cache import kv_cache_bytes
+
+    config = model_config_from_args(args, padded_vocab)
+    params = params_per_rank(config, tp)[0]
+    generating = script == "generate.py"
+    batch = args.text_generation.generation_batch_size if generating else args.eval.eval_batch_size
+    positions = config.max_position_embeddings if generating else config.seq_length
+    kv = 0
+    if generating and not args.text_generation.recompute:
+        dtype = {4: torch.float32, 2: torch.bfloat16}[dtype_bytes]
+        kv = kv_cache_bytes(config.num_layers, batch, positions, config.num_kv_heads // tp,
+                            config.head_dim, dtype)
+    terms = (("weights", params * dtype_bytes),
+             ("checkpoint being read", params_per_rank(config)[0] * dtype_bytes),
+             ("KV cache", kv),
+             ("logits", batch * positions * (padded_vocab // tp) * (dtype_bytes + 4)),
+             ("framework", framework_bytes(args, device)))
+    return MemoryEstimate(terms, params, Layout(tp=tp), 0, "")
