@@ -64,7 +64,7 @@ def _stage_params(rank: int, world: int, config, pp: int, methods):
     tp = ProcessGroups.build(topology).tensor_parallel(1234)
     out = {}
     for method in methods:
-        module = build_pipeline_model(config, topology.deepspeed_topology(), method, 0, tp)
+        module = build_pipeline_model(config, topology.deepspeed_topology(), method, None, tp)
         out[method] = sum(p.numel() for p in module.parameters())
     return out
 
