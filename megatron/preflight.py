@@ -44,6 +44,7 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
         return
     if name == "train.py":
         _check_training_inputs(args)
+        _check_tasks_in_training(args)
     tokenizer = _tokenizer(args) if name in LOADING_SCRIPTS else None
     if name in MEMORY_SCRIPTS:
         _check_memory(args, name, tokenizer, workers_here)
@@ -91,6 +92,19 @@ def _check_memory(args, script: str, tokenizer, workers_here: int) -> None:
 
 
 DATA_KEYS = ("data_path", "train_data_paths", "valid_data_paths", "test_data_paths")
+
+
+def _check_tasks_in_training(args) -> None:
+    """eval_tasks during training: a layout that allows it, lm-eval installed (A28)."""
+    from megatron.evaluation.during_training import refusal
+
+    why = refusal(args)
+    if why:
+        raise ValueError(why)
+    if args.eval.eval_tasks:
+        from megatron.evaluation.lm_eval_version import require_lm_eval
+
+        require_lm_eval()
 
 
 def _check_training_inputs(args) -> None:

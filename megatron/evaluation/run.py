@@ -63,7 +63,7 @@ def run_evaluation(args) -> dict | None:
         rt.load_model()
         lm = NeoXLM(rt.model, rt.tokenizer, rt.replicas, ev.eval_batch_size,
                     seed=args.training.seed)
-        results = _evaluate(lm, names, manager, ev, args.training.seed)
+        results = evaluate_tasks(lm, names, manager, ev, args.training.seed)
         if not rt.replicas.writer or results is None:
             return None
         results["checkpoint"] = {"directory": rt.checkpoint_step, "iteration": rt.iteration,
@@ -73,7 +73,8 @@ def run_evaluation(args) -> dict | None:
         return results
 
 
-def _evaluate(lm, names, manager, ev, seed: int) -> dict | None:
+def evaluate_tasks(lm, names, manager, ev, seed: int) -> dict | None:
+    """lm-eval's simple_evaluate of `names` with the config's few-shot, limit and seeds."""
     from lm_eval.evaluator import simple_evaluate
 
     try:

@@ -150,9 +150,14 @@ def _pretrain(args) -> RunState:
     train_log = TrainLog(args, engine, tracker,
                          flops_per_token(model_config, args.model.seq_length), state.iteration)
     profiler = StepProfiler.from_args(args, engine, state.iteration)
+    tasks = None
+    if args.eval.eval_tasks:
+        from megatron.evaluation.during_training import TaskEvaluator
+
+        tasks = TaskEvaluator(args, engine, model_config, tokenizer)
     try:
         _train(args, engine, state, (train_iter, valid_iter, test_iter), train_log, datasets,
-               profiler)
+               profiler, tasks)
     except Exception:  # a failed read, here or in a loader worker (one killed by SIGBUS too):
         check_file_sizes(*datasets)  # A16: name the token file that shrank, if one did
         raise
@@ -204,7 +209,7 @@ def check_ranks_agree(state: RunState) -> None:
 
 
 def _train(args, engine, state: RunState, iterators, train_log: TrainLog, datasets: list,
-           profiler: StepProfiler) -> None:
+           profiler: StepProfiler, tasks=None) -> None:
     """Train, then (at train_iters) evaluate the validation split, save, evaluate the test
     split, as GPT-NeoX does, and print the run's summary."""
     ck, t = args.checkpoint, args.training
@@ -213,12 +218,12 @@ def _train(args, engine, state: RunState, iterators, train_log: TrainLog, datase
     summary = RunSummary(args, state.iteration)
     with StopSignals() as stops:
         saved_at = _train_steps(args, engine, state, train_iter, valid_iter, train_log, datasets,
-                                guard, stops, profiler, summary)
+                                guard, stops, profiler, summary, tasks)
     finished = state.iteration >= t.train_iters
     evaluated = bool(summary.evals["validation"]) and \
         summary.evals["validation"][-1][0] == state.iteration
     if finished and valid_iter is not None and t.eval_iters and not evaluated:
-        _evaluate(args, engine, state, valid_iter, train_log.tracker, summary)
+        _evaluate(args, engine, state, valid_iter, train_log.tracker, summary, tasks=tasks)
     if ck.save and saved_at != state.iteration and state.iteration > 0:
         _save_if_sound(args, engine, state, guard, datasets)
     test_batches = test_iter() if finished and t.eval_iters else None
@@ -237,7 +242,7 @@ def _train(args, engine, state: RunState, iterators, train_log: TrainLog, datase
 
 def _train_steps(args, engine, state: RunState, train_iter, valid_iter, train_log: TrainLog,
                  datasets: list, guard: StepGuard, stops: StopSignals,
-                 profiler: StepProfiler, summary: RunSummary) -> int | None:
+                 profiler: StepProfiler, summary: RunSummary, tasks=None) -> int | None:
     """Train to train_iters (or exit_interval); returns the iteration last saved. A signal
     ends it after the step with a checkpoint (Preempted)."""
     t, ck = args.training, args.checkpoint
@@ -264,7 +269,7 @@ def _train_steps(args, engine, state: RunState, train_iter, valid_iter, train_lo
             state.interval_losses.clear()
             interval_start = time.perf_counter()
         if t.eval_interval and state.iteration % t.eval_interval == 0 and valid_iter is not None:
-            _evaluate(args, engine, state, valid_iter, train_log.tracker, summary)
+            _evaluate(args, engine, state, valid_iter, train_log.tracker, summary, tasks=tasks)
             interval_start = time.perf_counter()
         if ck.save and should_save(state.iteration, ck.checkpoint_factor, ck.checkpoint_scale,
                                    ck.extra_save_iters):
@@ -348,9 +353,10 @@ def _last_good(args) -> str:
 
 
 def _evaluate(args, engine, state: RunState, data_iter, tracker, summary: RunSummary,
-              split: str = "validation") -> None:
+              split: str = "validation", tasks=None) -> None:
     """eval_iters batches of the validation split (where it stands) or of the test split
-    (from its start), logged as val_loss/val_ppl or test_loss/test_ppl."""
+    (from its start), logged as val_loss/val_ppl or test_loss/test_ppl; with `tasks` (a
+    TaskEvaluator, eval_tasks set) the lm-eval tasks too."""
     losses = []
     for _ in range(args.training.eval_iters):
         with watchdog.phase("eval step", state.iteration):
@@ -365,3 +371,9 @@ def _evaluate(args, engine, state: RunState, data_iter, tracker, summary: RunSum
             else f"at the end of training (iteration {state.iteration})")
     tracker.log({f"{short}_loss": loss, f"{short}_ppl": ppl}, state.iteration,
                 console=f" {split} {when} | {short}_loss {loss:.4f} | {short}_ppl {ppl:.2f}")
+    if tasks is not None:
+        from megatron.evaluation.during_training import console_line
+
+        with watchdog.phase("eval step", state.iteration):
+            metrics = tasks.run()
+        tracker.log(metrics, state.iteration, console=console_line(state.iteration, metrics))

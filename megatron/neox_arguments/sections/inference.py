@@ -56,7 +56,8 @@ class EvalArgs:
     eval_tasks: list[str] | None = option(
         None,
         "lm-evaluation-harness tasks to run: registry names, names defined in "
-        "eval_include_path, paths to task YAML files, or directories of them.",
+        "eval_include_path, paths to task YAML files, or directories of them. eval.py scores "
+        "a checkpoint; train.py also scores the model at every evaluation (eval_interval).",
     )
     eval_results_prefix: str = option(
         "", "Prefix of the results file ({prefix}_eval_results_<date>.json)."
