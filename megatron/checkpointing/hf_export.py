@@ -21,6 +21,7 @@ training, the bf16/fp16 module weights of mixed-precision runs); fp32/bf16/fp16 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -39,10 +40,23 @@ log = get_logger(__name__)
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def export_to_hf(step_dir: Path, args, output_dir: Path, architecture: str = "auto",
+def current_umask() -> int:
+    """This process's umask (reading it means setting it: it is put back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def default_output_dir(step_dir: Path) -> Path:
+    """Where an export goes when no output directory is given: `<save>/hf/global_step<N>`."""
+    return step_dir.parent / "hf" / step_dir.name
+
+
+def export_to_hf(step_dir: Path, args, output_dir: Path | None, architecture: str = "auto",
                  precision: str = "auto") -> Path:
     """Write the checkpoint `step_dir` (or the one `<save>/latest` names when given the save
-    directory) as a Hugging Face model directory `output_dir`; returns it."""
+    directory) as a Hugging Face model directory `output_dir` (None: `default_output_dir`);
+    returns it."""
     from megatron.tokenizer import build_tokenizer
 
     if precision != "auto" and precision not in PRECISIONS:
@@ -59,9 +73,12 @@ def export_to_hf(step_dir: Path, args, output_dir: Path, architecture: str = "au
         else PRECISIONS[precision]
     model = to_hf_model(ck.canonical, config, tokenizer.eod, architecture=name, dtype=dtype,
                         pad_token_id=tokenizer.pad)
-    output_dir = Path(output_dir)
+    output_dir = Path(output_dir) if output_dir is not None else default_output_dir(step_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output_dir, safe_serialization=True)
+    # safetensors writes its files 0600; give them the mode every other file gets
+    for path in output_dir.glob("*.safetensors"):
+        path.chmod(0o666 & ~current_umask())
     write_hf_tokenizer(tokenizer, output_dir, config.max_position_embeddings)
     log.info("wrote %s (%s) from %s to %s", HF_CLASSES[name], str(dtype).replace("torch.", ""),
              ck.step_dir, output_dir)

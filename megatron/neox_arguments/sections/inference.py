@@ -19,9 +19,10 @@ class TextGenerationArgs:
     sample_input_file: str | None = option(
         None, "Prompts file for input-file mode, prompts separated by prompt_end."
     )
-    sample_output_file: str = option(
-        "samples.txt",
-        "JSON-lines file the samples are written to (context, text, token ids, timing).",
+    sample_output_file: str | None = option(
+        None,
+        "JSON-lines file the samples are written to (context, text, token ids, timing); null: "
+        "<log_dir>/samples/samples.jsonl (log_dir unset: load's directory).",
     )
     num_samples: int = option(1, "Number of samples in unconditional mode.")
     maximum_tokens: int = option(
@@ -59,7 +60,8 @@ class EvalArgs:
         "eval_include_path, paths to task YAML files, or directories of them.",
     )
     eval_results_prefix: str = option(
-        "", "Prefix of the results file ({prefix}_eval_results_<date>.json)."
+        "", "Prefix of the results file ({prefix}_eval_results_<date>.json); empty: "
+        "<log_dir>/eval/eval_results_<date>.json (log_dir unset: load's directory)."
     )
     eval_num_fewshot: int = option(
         0, "Few-shot examples per task prompt (this project's key; GPT-NeoX always uses 0)."
