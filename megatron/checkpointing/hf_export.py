@@ -34,6 +34,7 @@ from megatron.checkpointing.reader import CheckpointWeights, read_checkpoint
 from megatron.model.config import ModelConfig, model_config_from_args
 from megatron.model.hf_mapping import HF_CLASSES, architecture_for, to_hf_model
 from megatron.monitoring.logger import get_logger
+from megatron.monitoring.progress import progress
 
 log = get_logger(__name__)
 
@@ -67,22 +68,39 @@ def export_to_hf(step_dir: Path, args, output_dir: Path | None, architecture: st
     name = architecture_for(model_config_from_args(args, 1), architecture)
     tok = args.tokenizer
     tokenizer = build_tokenizer(tok.tokenizer_type, tok.vocab_file, tok.merge_file)
-    ck = read_step(step_dir, args)
-    config = exported_config(args, ck, tokenizer)
-    dtype = ck.canonical["0.word_embeddings.weight"].dtype if precision == "auto" \
-        else PRECISIONS[precision]
-    model = to_hf_model(ck.canonical, config, tokenizer.eod, architecture=name, dtype=dtype,
-                        pad_token_id=tokenizer.pad)
     output_dir = Path(output_dir) if output_dir is not None else default_output_dir(step_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(output_dir, safe_serialization=True)
-    # safetensors writes its files 0600; give them the mode every other file gets
-    for path in output_dir.glob("*.safetensors"):
-        path.chmod(0o666 & ~current_umask())
-    write_hf_tokenizer(tokenizer, output_dir, config.max_position_embeddings)
+    with progress(total=3, desc="export to Hugging Face", unit="step") as bar:
+        ck = read_step(step_dir, args)
+        bar.update()
+        config = exported_config(args, ck, tokenizer)
+        dtype = ck.canonical["0.word_embeddings.weight"].dtype if precision == "auto" \
+            else PRECISIONS[precision]
+        model = to_hf_model(ck.canonical, config, tokenizer.eod, architecture=name, dtype=dtype,
+                            pad_token_id=tokenizer.pad)
+        bar.update()
+        save_hf_model(model, output_dir)
+        write_hf_tokenizer(tokenizer, output_dir, config.max_position_embeddings)
+        bar.update()
     log.info("wrote %s (%s) from %s to %s", HF_CLASSES[name], str(dtype).replace("torch.", ""),
              ck.step_dir, output_dir)
     return output_dir
+
+
+def save_hf_model(model, output_dir: Path) -> None:
+    """`model.save_pretrained` as safetensors, without transformers' own progress bar (ours
+    covers the export), its files given the user's umask (safetensors writes them 0600)."""
+    from transformers.utils import logging as hf_logging
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(output_dir, safe_serialization=True)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+    for path in output_dir.glob("*.safetensors"):
+        path.chmod(0o666 & ~current_umask())
 
 
 def read_step_configs(step_dir: Path) -> list[Path]:
