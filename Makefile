@@ -23,7 +23,7 @@ $(VENV)/.installed: $(REQS) | venv
 	@touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) install -q --no-build-isolation -e ".[dev,tensorboard,wandb,comet,hf,eval,mpi]"
+	$(PIP) install -q --no-build-isolation -e ".[dev,tensorboard,wandb,comet,hf,eval,mpi,plot]"
 	@$(MAKE) --no-print-directory check-install
 	@touch $@
 

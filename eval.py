@@ -8,7 +8,8 @@
 Needs lm-eval (pip install -r requirements/requirements-eval.txt). Reads the checkpoint in
 `load` (latest, or `iteration`); model_parallel_size ranks cooperate on each forward, the other
 ranks are replicas that split the requests. Rank 0 writes
-{eval_results_prefix}_eval_results_<date>.json and logs the metrics to the configured trackers.
+{eval_results_prefix}_eval_results_<date>.json (no prefix: <log_dir>/eval/eval_results_<date>.json)
+and logs the metrics to the configured trackers.
 Task names, local task files and directories: see megatron/evaluation/tasks.py.
 """
 

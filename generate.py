@@ -7,9 +7,10 @@
         configs/text_generation.yml text_gen_type=interactive temperature=0
 
 Reads the checkpoint in `load` (the one `latest` names, or `iteration`), whatever tensor/pipeline
-layout wrote it, and writes one JSON line per sample to sample_output_file (fields documented in
-megatron/text_generation/modes.py). model_parallel_size ranks cooperate on each forward; the
-other ranks are replicas that split the prompts.
+layout wrote it, and writes one JSON line per sample to sample_output_file (default
+<log_dir>/samples/samples.jsonl; fields documented in megatron/text_generation/modes.py).
+model_parallel_size ranks cooperate on each forward; the other ranks are replicas that split
+the prompts.
 """
 
 import sys

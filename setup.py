@@ -13,7 +13,8 @@ def requirements(name: str) -> list[str]:
     return [line.split("#", 1)[0].strip() for line in lines if line.split("#", 1)[0].strip()]
 
 
-EXTRAS = ("dev", "wandb", "comet", "tensorboard", "eval", "hf", "flashattention", "mpi")
+EXTRAS = ("dev", "wandb", "comet", "tensorboard", "eval", "hf", "flashattention", "mpi",
+          "plot")
 
 setup(
     name="neox-megatron",

@@ -21,6 +21,7 @@ training, the bf16/fp16 module weights of mixed-precision runs); fp32/bf16/fp16 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -33,16 +34,30 @@ from megatron.checkpointing.reader import CheckpointWeights, read_checkpoint
 from megatron.model.config import ModelConfig, model_config_from_args
 from megatron.model.hf_mapping import HF_CLASSES, architecture_for, to_hf_model
 from megatron.monitoring.logger import get_logger
+from megatron.monitoring.progress import progress
 
 log = get_logger(__name__)
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def export_to_hf(step_dir: Path, args, output_dir: Path, architecture: str = "auto",
+def current_umask() -> int:
+    """This process's umask (reading it means setting it: it is put back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def default_output_dir(step_dir: Path) -> Path:
+    """Where an export goes when no output directory is given: `<save>/hf/global_step<N>`."""
+    return step_dir.parent / "hf" / step_dir.name
+
+
+def export_to_hf(step_dir: Path, args, output_dir: Path | None, architecture: str = "auto",
                  precision: str = "auto") -> Path:
     """Write the checkpoint `step_dir` (or the one `<save>/latest` names when given the save
-    directory) as a Hugging Face model directory `output_dir`; returns it."""
+    directory) as a Hugging Face model directory `output_dir` (None: `default_output_dir`);
+    returns it."""
     from megatron.tokenizer import build_tokenizer
 
     if precision != "auto" and precision not in PRECISIONS:
@@ -53,19 +68,39 @@ def export_to_hf(step_dir: Path, args, output_dir: Path, architecture: str = "au
     name = architecture_for(model_config_from_args(args, 1), architecture)
     tok = args.tokenizer
     tokenizer = build_tokenizer(tok.tokenizer_type, tok.vocab_file, tok.merge_file)
-    ck = read_step(step_dir, args)
-    config = exported_config(args, ck, tokenizer)
-    dtype = ck.canonical["0.word_embeddings.weight"].dtype if precision == "auto" \
-        else PRECISIONS[precision]
-    model = to_hf_model(ck.canonical, config, tokenizer.eod, architecture=name, dtype=dtype,
-                        pad_token_id=tokenizer.pad)
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(output_dir, safe_serialization=True)
-    write_hf_tokenizer(tokenizer, output_dir, config.max_position_embeddings)
+    output_dir = Path(output_dir) if output_dir is not None else default_output_dir(step_dir)
+    with progress(total=3, desc="export to Hugging Face", unit="step") as bar:
+        ck = read_step(step_dir, args)
+        bar.update()
+        config = exported_config(args, ck, tokenizer)
+        dtype = ck.canonical["0.word_embeddings.weight"].dtype if precision == "auto" \
+            else PRECISIONS[precision]
+        model = to_hf_model(ck.canonical, config, tokenizer.eod, architecture=name, dtype=dtype,
+                            pad_token_id=tokenizer.pad)
+        bar.update()
+        save_hf_model(model, output_dir)
+        write_hf_tokenizer(tokenizer, output_dir, config.max_position_embeddings)
+        bar.update()
     log.info("wrote %s (%s) from %s to %s", HF_CLASSES[name], str(dtype).replace("torch.", ""),
              ck.step_dir, output_dir)
     return output_dir
+
+
+def save_hf_model(model, output_dir: Path) -> None:
+    """`model.save_pretrained` as safetensors, without transformers' own progress bar (ours
+    covers the export), its files given the user's umask (safetensors writes them 0600)."""
+    from transformers.utils import logging as hf_logging
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(output_dir, safe_serialization=True)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+    for path in output_dir.glob("*.safetensors"):
+        path.chmod(0o666 & ~current_umask())
 
 
 def read_step_configs(step_dir: Path) -> list[Path]:

@@ -26,6 +26,7 @@ import torch
 from megatron.data import sample_index
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.monitoring.logger import get_logger
+from megatron.monitoring.progress import progress
 
 logger = get_logger(__name__)
 
@@ -124,9 +125,11 @@ class GPT2Dataset(torch.utils.data.Dataset):
 
     def _build_and_save(self, paths: dict[str, str]) -> int:
         start = time.perf_counter()
+        bar = progress(total=1 + len(_KINDS), desc=f"{self.name} indices", unit="step")
         doc_idx, sample_idx, shuffle_idx, epochs = sample_index.build_indices(
             self.indexed_dataset.sizes, self.documents, self.seq_length, self.num_samples,
             self.seed)
+        bar.update()
         self.doc_idx, self.sample_idx, self.shuffle_idx = doc_idx, sample_idx, shuffle_idx
         self.index_built = True
         logger.info("built %s indices in %.3f s", self.name, time.perf_counter() - start)
@@ -134,9 +137,12 @@ class GPT2Dataset(torch.utils.data.Dataset):
             os.makedirs(self.cache_dir, exist_ok=True)
             for kind, array in zip(_KINDS, (doc_idx, sample_idx, shuffle_idx)):
                 _save_atomic(paths[kind], array)
+                bar.update()
         except OSError as err:
             logger.warning("cannot write index cache in %s (%s); keeping the indices in memory",
                            self.cache_dir, err)
+        finally:
+            bar.close()
         return epochs
 
     def _prepare_indices(self, group: Any) -> None:

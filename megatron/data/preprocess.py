@@ -25,6 +25,7 @@ import numpy as np
 from megatron.data.indexed_dataset import (MMapIndexedDatasetBuilder, best_fitting_dtype,
                                            data_file_path, index_file_path)
 from megatron.monitoring.logger import get_logger
+from megatron.monitoring.progress import progress
 from megatron.tokenizer import AbstractTokenizer, build_tokenizer
 
 logger = get_logger(__name__)
@@ -235,6 +236,7 @@ def _run(documents, builders, result, spec, keys, append_eod, workers, tokenizer
 def _write_all(encoded, builders, result: PreprocessResult, log_interval: int) -> None:
     start = time.perf_counter()
     next_log = log_interval
+    bar = progress(desc="tokenizing", unit="doc")
     for batch, nbytes in encoded:
         for key, (tokens, lengths) in batch.items():
             nonempty = lengths > 0
@@ -242,11 +244,13 @@ def _write_all(encoded, builders, result: PreprocessResult, log_interval: int) -
             builders[key].add_documents(tokens, lengths[nonempty])
             result.tokens += len(tokens)
         result.documents += len(next(iter(batch.values()))[1])
+        bar.update(len(next(iter(batch.values()))[1]))
         result.input_bytes += nbytes
         result.seconds = time.perf_counter() - start
         if log_interval and result.documents >= next_log:
             _log_progress(result)
             next_log = (result.documents // log_interval + 1) * log_interval
+    bar.close()
 
 
 def _log_progress(result: PreprocessResult, final: bool = False) -> None:

@@ -20,11 +20,12 @@ from megatron.text_generation.runtime import inference_runtime
 log = get_logger(__name__)
 
 
-def results_path(prefix: str, when: float | None = None) -> Path:
-    """Where the results JSON goes for `eval_results_prefix`."""
+def results_path(prefix: str, output_dir: str, when: float | None = None) -> Path:
+    """Where the results JSON goes: `{prefix}_eval_results_<date>.json` for an
+    `eval_results_prefix`, else `<output_dir>/eval/eval_results_<date>.json`."""
     stamp = time.strftime("%Y-%m-%d-%H-%M-%S", time.localtime(when))
     name = f"eval_results_{stamp}.json"
-    return Path(f"{prefix}_{name}") if prefix else Path(name)
+    return Path(f"{prefix}_{name}") if prefix else Path(output_dir) / "eval" / name
 
 
 def flat_metrics(results: dict) -> dict[str, float]:
@@ -93,7 +94,7 @@ def _report(args, results: dict, iteration: int | None) -> None:
 
     from megatron.monitoring.trackers import MetricsTracker
 
-    path = results_path(args.eval.eval_results_prefix)
+    path = results_path(args.eval.eval_results_prefix, args.derived.output_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2, default=str), encoding="utf-8")
     print_rank_0(make_table(results))

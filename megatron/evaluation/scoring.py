@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from megatron.evaluation.windows import Window
 from megatron.monitoring.logger import get_logger
+from megatron.monitoring.progress import progress
 
 log = get_logger(__name__)
 
@@ -80,7 +81,7 @@ def score_windows(model, windows: list[Window], batch_size: int, pad_id: int = 0
     order = sorted(range(len(windows)), key=lambda i: -len(windows[i].inputs))
     results: list = [None] * len(windows)
     start = 0
-    with torch.inference_mode():
+    with torch.inference_mode(), progress(total=len(order), desc="scoring", unit="window") as bar:
         while start < len(order):
             rows = order[start:start + batch_size]
             try:
@@ -98,4 +99,5 @@ def score_windows(model, windows: list[Window], batch_size: int, pad_id: int = 0
             for i, value in zip(rows, scored):
                 results[i] = value
             start += len(rows)
+            bar.update(len(rows))
     return results

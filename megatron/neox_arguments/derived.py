@@ -40,9 +40,22 @@ class Derived:
     zero_stage: int
     save_iters: tuple[int, ...]
     text_gen_type: str
+    output_dir: str
+    sample_output_path: str
 
 
 DERIVED_NAMES = frozenset(f.name for f in dataclasses.fields(Derived))
+
+
+def output_dir(log_dir: str | None, load: str | None) -> str:
+    """Where a run's generated outputs go when their keys are unset: log_dir, else load, else
+    the current directory."""
+    return log_dir or load or "."
+
+
+def sample_output_path(sample_output_file: str | None, out_dir: str) -> str:
+    """sample_output_file as given, else `<output_dir>/samples/samples.jsonl`."""
+    return sample_output_file or f"{out_dir}/samples/samples.jsonl"
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -311,4 +324,7 @@ def compute_derived(c: Mapping[str, Any], world_size: int | None = None) -> Deri
         ),
         text_gen_type=c["text_gen_type"]
         or ("input-file" if c["sample_input_file"] else "unconditional"),
+        output_dir=output_dir(c["log_dir"], c["load"]),
+        sample_output_path=sample_output_path(c["sample_output_file"],
+                                              output_dir(c["log_dir"], c["load"])),
     )

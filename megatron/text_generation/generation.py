@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from megatron.monitoring.progress import progress
 from megatron.text_generation.checks import check_kv_cache_fits, check_lengths
 from megatron.text_generation.inference_model import InferenceModel
 from megatron.text_generation.sampling import SamplingParams, sample
@@ -151,7 +152,10 @@ def generate(model: InferenceModel, prompts: list[list[int]], max_new_tokens: in
     check_lengths([len(p) for p in prompts], max_new_tokens, model.max_positions)
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
     results: list[Generated | None] = [None] * len(prompts)
-    for start in range(0, len(order), batch_size):
+    starts = range(0, len(order), batch_size)
+    if len(starts) > 1:  # one batch (an interactive prompt) needs no bar
+        starts = progress(starts, desc="generating", unit="batch")
+    for start in starts:
         rows = order[start:start + batch_size]
         gens = None if generators is None else [generators[i] for i in rows]
         began = time.perf_counter()

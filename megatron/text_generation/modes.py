@@ -135,23 +135,24 @@ def run_generation(args, stdin: TextIO | None = None, stdout: TextIO | None = No
         began = time.perf_counter()
         records = sampler.records(texts)
         if rt.replicas.writer:
-            _write(records, args.text_generation.sample_output_file, "w")
+            _write(records, args.derived.sample_output_path, "w")
             tokens = sum(r["length"] for r in records)
             seconds = time.perf_counter() - began
             print_rank_0(f"generated {len(records)} sample(s), {tokens} tokens in {seconds:.2f} s "
                          f"({tokens / max(seconds, 1e-9):.1f} tokens/s); wrote "
-                         f"{args.text_generation.sample_output_file}")
+                         f"{args.derived.sample_output_path}")
         return records
 
 
 def _interactive(sampler: _Sampler, stdin: TextIO, stdout: TextIO) -> list[dict]:
     """One prompt per stdin line (read on rank 0) until EOF; each sample printed and appended."""
     rt = sampler.rt
-    out_file = rt.args.text_generation.sample_output_file
+    out_file = rt.args.derived.sample_output_path
     records, index = [], 0
     if rt.replicas.writer:
         Path(out_file).parent.mkdir(parents=True, exist_ok=True)
         Path(out_file).write_text("", encoding="utf-8")
+        print_rank_0(f"samples are appended to {out_file}")
     while True:
         line = None
         if rt.replicas.writer:

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from megatron.checkpointing import load_checkpoint, save_checkpoint
+from megatron.monitoring.progress import progress
 from megatron.mpu.initialize import destroy_distributed, init_distributed
 
 
@@ -40,12 +41,15 @@ def _reshard(args) -> Path:
 
     from megatron.safety.lock import run_lock
 
-    with run_lock(args.checkpoint.save):
+    with run_lock(args.checkpoint.save), progress(total=3, desc="reshard", unit="step") as bar:
         engine = setup_engine(args)[0]
+        bar.update()
         resumed = load_checkpoint(engine, args.checkpoint)
         if not resumed:
             raise FileNotFoundError(f"no checkpoint to reshard in {args.checkpoint.load}")
+        bar.update()
         iteration = int(resumed.pop("iteration"))
         saved = save_checkpoint(engine, args.checkpoint, iteration, resumed)
+        bar.update()
         dist.barrier()  # leave the process group together: no rank tears it down under another
     return saved

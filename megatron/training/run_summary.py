@@ -40,7 +40,8 @@ class RunSummary:
         figures = {
             "start_iteration": self.start_iteration, "end_iteration": iteration,
             "train_iters": self._args.training.train_iters, "iterations": iterations,
-            "tokens": tokens, "wall_seconds": time.perf_counter() - self._start,
+            "tokens": tokens, "seq_length": self._args.model.seq_length,
+            "wall_seconds": time.perf_counter() - self._start,
             "train_seconds": train_seconds, "tokens_per_sec": tokens_per_sec,
             "final_val_loss": self.evals["validation"][-1][1] if self.evals["validation"] else None,
             "best_val_loss": min(valid) if valid else None,

@@ -140,3 +140,20 @@ def test_a_bf16_config_runs_the_model_in_bf16_and_scores_in_fp32(trained, lm):
     half = NeoXLM(model, lm.tokenizer).loglikelihood(requests)
     full = lm.loglikelihood(requests)
     assert [h[0] for h in half] == pytest.approx([f[0] for f in full], rel=0.05, abs=0.1)
+
+
+def test_results_go_under_log_dir_when_no_prefix_is_given(trained, tmp_path, monkeypatch):
+    from megatron.evaluation.run import run_evaluation
+
+    for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(free_port())).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(ROOT)
+    before = set(ROOT.iterdir())
+    args = NeoXArgs.from_ymls([ROOT / "configs/tiny.yml"], trained["overrides"] + [
+        "num_gpus=1", f"eval_tasks=[{TASKS / 'tiny_mc.yaml'}]", "eval_bootstrap_iters=0",
+        f"log_dir={tmp_path / 'logs'}", "distributed_timeout_minutes=1"])
+    assert run_evaluation(args)["results"]["tiny_mc"]
+    (path,) = (tmp_path / "logs" / "eval").glob("eval_results_*.json")
+    assert json.loads(path.read_text())["checkpoint"]["iteration"] == 30
+    assert set(ROOT.iterdir()) == before

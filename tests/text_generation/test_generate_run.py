@@ -116,3 +116,16 @@ def test_tensor_parallel_launch_gives_the_samples_of_one_process(trained, tmp_pa
     assert "for model_parallel_size 2" in proc.stderr
     assert [r["token_ids"] for r in read_jsonl(out)] == [r["token_ids"] for r in one]
     assert len(one) == 4 and any(r["length"] > 1 for r in one)
+
+
+def test_samples_go_under_log_dir_when_no_output_file_is_given(trained, tmp_path, one_rank,
+                                                               monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    before = set(ROOT.iterdir())
+    overrides = trained["overrides"] + ["num_gpus=1", "maximum_tokens=4", "num_samples=2",
+                                        "text_gen_type=unconditional", f"log_dir={tmp_path}"]
+    records = run_generation(NeoXArgs.from_ymls(CONFIGS, overrides))
+    out = tmp_path / "samples" / "samples.jsonl"
+    assert read_jsonl(out) == records and len(records) == 2
+    assert f"; wrote {out}\n" in capsys.readouterr().out
+    assert set(ROOT.iterdir()) == before

@@ -367,3 +367,15 @@ def test_missing_inputs_are_named(data, tmp_path, capsys):
                                             str(data[2]), "--output_dir", str(tmp_path / "c")]) == 1
     assert f"{tmp_path / 'empty'} holds no weights: expected one of model.safetensors" in \
         capsys.readouterr().err
+
+
+def test_export_without_output_dir_goes_beside_the_checkpoint_with_the_umask(llama_tp2):
+    step_dir, _, _ = llama_tp2
+    proc = subprocess.run([sys.executable, str(ROOT / "tools/ckpts/convert_neox_to_hf.py"),
+                           "--input_dir", str(step_dir)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, umask=0o027)
+    assert proc.returncode == 0, proc.stderr
+    out = step_dir.parent / "hf" / step_dir.name
+    assert f" to {out}\n" in proc.stderr
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o666 & ~0o027}, modes

@@ -8,7 +8,8 @@ Llama-style ones (RMSNorm, gated MLP, rotary on whole heads, grouped-query atten
     python tools/ckpts/convert_neox_to_hf.py --input_dir checkpoints/tiny_llama \
         --config_file configs/tiny_llama.yml --output_dir hf/tiny_llama --precision bf16
 
---input_dir is a checkpoint directory, or a save directory (its `latest` is exported).
+--input_dir is a checkpoint directory, or a save directory (its `latest` is exported);
+--output_dir defaults to <save>/hf/global_step<N>, beside the checkpoint.
 --config_file (default: the checkpoint's own config.yml) gives the model and the tokenizer.
 --architecture auto picks the Hugging Face class that holds the model; --precision auto keeps
 the dtype the checkpoint stores its weights in. The result loads with
@@ -34,7 +35,9 @@ def main(argv=None) -> int:
     parser.add_argument("--config_file", nargs="+", default=None,
                         help="config YAML file(s), merged left to right (default: the "
                              "checkpoint's config.yml, or the configs GPT-NeoX saved beside it)")
-    parser.add_argument("--output_dir", required=True, help="Hugging Face model directory to write")
+    parser.add_argument("--output_dir", default=None,
+                        help="Hugging Face model directory to write (default: "
+                             "<save>/hf/global_step<N>, beside the checkpoint)")
     parser.add_argument("--architecture", default="auto", choices=["auto", "neox", "llama"])
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     args = parser.parse_args(argv)
@@ -44,7 +47,8 @@ def main(argv=None) -> int:
         from megatron.neox_arguments import NeoXArgs
 
         configs = args.config_file or read_step_configs(Path(args.input_dir))
-        export_to_hf(Path(args.input_dir), NeoXArgs.from_ymls(configs), Path(args.output_dir),
+        output_dir = Path(args.output_dir) if args.output_dir else None
+        export_to_hf(Path(args.input_dir), NeoXArgs.from_ymls(configs), output_dir,
                      args.architecture, args.precision)
 
     return run_entry(run)

@@ -19,9 +19,10 @@ class TextGenerationArgs:
     sample_input_file: str | None = option(
         None, "Prompts file for input-file mode, prompts separated by prompt_end."
     )
-    sample_output_file: str = option(
-        "samples.txt",
-        "JSON-lines file the samples are written to (context, text, token ids, timing).",
+    sample_output_file: str | None = option(
+        None,
+        "JSON-lines file the samples are written to (context, text, token ids, timing); null: "
+        "<log_dir>/samples/samples.jsonl (log_dir unset: load's directory).",
     )
     num_samples: int = option(1, "Number of samples in unconditional mode.")
     maximum_tokens: int = option(
@@ -60,7 +61,8 @@ class EvalArgs:
         "a checkpoint; train.py also scores the model at every evaluation (eval_interval).",
     )
     eval_results_prefix: str = option(
-        "", "Prefix of the results file ({prefix}_eval_results_<date>.json)."
+        "", "Prefix of the results file ({prefix}_eval_results_<date>.json); empty: "
+        "<log_dir>/eval/eval_results_<date>.json (log_dir unset: load's directory)."
     )
     eval_num_fewshot: int = option(
         0, "Few-shot examples per task prompt (this project's key; GPT-NeoX always uses 0)."
