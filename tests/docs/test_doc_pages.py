@@ -1,0 +1,63 @@
+"""The pages of docs/ hold together: every link between them (and to files of the repository)
+resolves, anchors included, and every error message quoted in docs/troubleshooting.md still
+occurs in the source, so the page cannot describe messages the code no longer prints."""
+
+from __future__ import annotations
+
+import re
+
+from tests.docs.blocks import DOCS
+from tests.runs import ROOT
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*$", re.M)
+FENCED = re.compile(r"^```.*?^```", re.M | re.S)
+QUOTED = re.compile(r"^### `([^`]+)`\s*$", re.M)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to dashes."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(path) -> set[str]:
+    text = FENCED.sub("", path.read_text(encoding="utf-8"))
+    return {slug(h) for h in HEADING.findall(text)}
+
+
+def source_text() -> str:
+    files = [*ROOT.glob("*.py"), *(ROOT / "megatron").rglob("*.py"), *(ROOT / "tools").rglob("*.py")]
+    return "\n".join(p.read_text(encoding="utf-8") for p in files)
+
+
+def test_links_between_pages_resolve():
+    broken = []
+    pages = [*DOCS.glob("*.md"), ROOT / "README.md"]
+    for page in pages:
+        text = FENCED.sub("", page.read_text(encoding="utf-8"))
+        for target in LINK.findall(text):
+            if re.match(r"[a-z]+:", target):  # http(s), mailto: not checked here
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            if not resolved.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert broken == []
+
+
+def test_every_page_is_in_the_index():
+    index = (DOCS / "README.md").read_text(encoding="utf-8")
+    missing = [p.name for p in DOCS.glob("*.md") if p.name != "README.md"
+               and f"({p.name})" not in index]
+    assert missing == [], f"docs/README.md does not link {missing}"
+
+
+def test_quoted_error_messages_still_occur_in_the_source():
+    quoted = QUOTED.findall((DOCS / "troubleshooting.md").read_text(encoding="utf-8"))
+    assert len(quoted) >= 25, quoted
+    source = source_text()
+    stale = [q for q in quoted if q not in source]
+    assert stale == [], f"quoted in docs/troubleshooting.md but not in the source: {stale}"
