@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -18,7 +17,7 @@ import pytest
 
 from megatron.checkpointing.manifest import check_files, read_manifest
 from tests.e2e.test_cluster_launchers import open_mpi_bin
-from tests.runs import ROOT, clean_env, tiny_overrides
+from tests.runs import ROOT, clean_env, tiny_overrides, wait_for_text
 
 
 def start(small_data, run: Path, **extra) -> tuple[subprocess.Popen, Path]:
@@ -31,14 +30,6 @@ def start(small_data, run: Path, **extra) -> tuple[subprocess.Popen, Path]:
                              eval_interval=1000, log_interval=1, **extra)],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
     return proc, log
-
-
-def wait_for(log: Path, text: str, proc: subprocess.Popen, limit: float = 300) -> None:
-    deadline = time.time() + limit
-    while text not in log.read_text():
-        assert proc.poll() is None, log.read_text()[-3000:]
-        assert time.time() < deadline, log.read_text()[-3000:]
-        time.sleep(0.5)
 
 
 def workers(deepy: subprocess.Popen) -> dict[int, psutil.Process]:
@@ -71,7 +62,7 @@ def test_a_worker_killed_by_sigkill_is_named_and_the_other_is_stopped(small_data
     proc, log = start(small_data, run)
     pids = []
     try:
-        wait_for(log, "iteration      6/", proc)  # past the checkpoint of step 4
+        wait_for_text(log, "iteration      6/", proc)  # past the checkpoint of step 4
         found = workers(proc)
         pids = [p.pid for p in found.values()]
         assert sorted(found) == [0, 1]
@@ -100,7 +91,7 @@ def test_a_signal_to_deepy_reaches_every_worker_which_save_and_exit(small_data, 
     proc, log = start(small_data, run)
     pids = []
     try:
-        wait_for(log, "iteration      3/", proc)
+        wait_for_text(log, "iteration      3/", proc)
         pids = [p.pid for p in workers(proc).values()]
         assert len(pids) == 2
         proc.send_signal(signum)
@@ -136,7 +127,7 @@ def test_mpiruns_report_of_a_killed_worker_becomes_one_line(small_data, tmp_path
                              master_addr="127.0.0.1", omp_num_threads=1)],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_for(log, "iteration      3/", proc)
+        wait_for_text(log, "iteration      3/", proc)
         ranks = {}
         for p in psutil.Process(proc.pid).children(recursive=True):
             try:
