@@ -44,3 +44,23 @@ def small_data(tmp_path_factory):
     from tests.runs import build_small_dataset
 
     return build_small_dataset(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_workers():
+    """After each test, kill what a launch left running: a test that timed out kills deepy.py
+    only, and its workers would otherwise load the cores for the rest of the session."""
+    yield
+    import psutil
+
+    from megatron.launching.stopping import LAUNCH_ID_VAR
+
+    me, left = os.getpid(), []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != me and LAUNCH_ID_VAR in proc.environ():
+                proc.kill()
+                left.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    psutil.wait_procs(left, timeout=10)

@@ -54,6 +54,28 @@ STEP_PHASES = ("train step", "eval step")
 CHECKPOINT_PHASES = ("checkpoint save", "checkpoint load")
 STEP_WINDOW = 100  # train steps the median is taken over
 
+# sys._current_frames() keeps the interpreter's list of threads locked while it builds frame
+# objects, which may run the garbage collector, whose finalizers may let other threads run. A
+# fork at that moment (a DataLoader starting its workers) leaves the child blocked on that lock
+# for ever on Python 3.11. Frames are therefore read under a lock that os.fork() takes first.
+_FRAMES_LOCK = threading.Lock()
+_FORKS_GUARDED: list[bool] = []
+
+
+def _guard_forks() -> None:
+    """Make os.fork() wait for a frames read in progress (registered once per process)."""
+    if not _FORKS_GUARDED:
+        os.register_at_fork(before=_FRAMES_LOCK.acquire, after_in_parent=_FRAMES_LOCK.release,
+                            after_in_child=_FRAMES_LOCK.release)
+        _FORKS_GUARDED.append(True)
+
+
+def thread_frame(ident: int):
+    """The current frame of the thread `ident` (None when it has ended), safe beside forks."""
+    _guard_forks()
+    with _FRAMES_LOCK:
+        return sys._current_frames().get(ident)
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -127,6 +149,7 @@ class Watchdog:
         return cls(limits, rank, world_size, Path(log_dir) / "heartbeats" if log_dir else None)
 
     def start(self) -> None:
+        _guard_forks()  # before the threads that read frames start
         if self.heartbeat_dir is not None:
             try:
                 self.heartbeat_dir.mkdir(parents=True, exist_ok=True)
@@ -199,7 +222,7 @@ class Watchdog:
             "rank": self.rank, "host": self.host, "pid": self.pid,
             "iteration": current.iteration, "phase": current.name,
             "seconds": round(time.monotonic() - current.started, 3),
-            "where": waiting_in(sys._current_frames().get(current.thread)),
+            "where": waiting_in(thread_frame(current.thread)),
             "beat": self._beats})
 
     def _snapshot_near_limit(self) -> None:
@@ -216,7 +239,7 @@ class Watchdog:
     def _expire(self, current: _Phase, elapsed: float) -> None:
         """Report this rank, its stack and its peers on stderr, then end the process."""
         self._expired.set()
-        where = waiting_in(sys._current_frames().get(current.thread))
+        where = waiting_in(thread_frame(current.thread))
         _say(f"hang watchdog: rank {self.rank} (host {self.host}, pid {self.pid}): "
              f"{current.describe()} has run {elapsed:.1f} s (limit {current.limit:.1f} s), "
              f"{where}\nhang watchdog: the stack of every thread of rank {self.rank}:\n")
