@@ -100,6 +100,24 @@ def _is_option_or_file(item: str) -> bool:
             or item.endswith(CONFIG_SUFFIXES) or _is_override(item))
 
 
+# gloo, when the peer at the other end of a connection is gone: "[.../gloo/transport/tcp/
+# pair.cc:537] Read error [10.0.0.2]:59078: Connection reset by peer. This is typically caused
+# by a remote worker hanging ..."
+GLOO_PEER_ERROR = re.compile(r"gloo/transport/tcp/pair\.cc:\d+\] (?P<what>.*?(?:reset by peer|"
+                             r"[Cc]onnection closed by peer|Broken pipe))")
+
+
+def describe_error(err: Exception) -> str:
+    """The one-line message of a user-facing error; a lost connection to another rank (gloo's
+    long message) says so and where to look."""
+    text = str(err)
+    m = GLOO_PEER_ERROR.search(text)
+    if m:
+        return (f"lost the connection to another rank ({m['what']}): that rank stopped or "
+                "died; its own lines above say why")
+    return text
+
+
 def name_cpu_accelerator(environ) -> None:
     """On a machine without CUDA, tell DeepSpeed its accelerator is the CPU (DS_ACCELERATOR),
     unless the user chose one: its detection otherwise warns "Setting accelerator to CPU" once
@@ -130,7 +148,7 @@ def run_entry(main: Callable[[], int | None]) -> int:
         rank = os.environ.get("RANK")
         prefix = (f"error (rank {rank} on {socket.gethostname()}): " if rank is not None
                   else "error: ")
-        print(prefix + str(err), file=sys.stderr, flush=True)
+        print(prefix + describe_error(err), file=sys.stderr, flush=True)
         return getattr(err, "exit_status", 1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

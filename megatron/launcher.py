@@ -21,6 +21,7 @@ disk; the values of `export_env_vars` never go on a command line (`megatron.laun
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import stat
@@ -30,8 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from megatron.launching.local import LocalLaunch, local_launch, run_local
+from megatron.launching.pdsh import (FAN_OUT, PdshLaunch, check_pdsh, check_ssh, deepspeed_env_files,
+                                     first_host_address, node_command, node_exports, pdsh_argv,
+                                     run_pdsh)
 from megatron.launching.runner import run_runner
-from megatron.launching.secrets import (ENV_FILE_VAR, Redactor, secret_values,
+from megatron.launching.secrets import (ENV_FILE_VAR, STARTUP_VARS, Redactor, secret_values,
                                         write_env_file as write_secrets_file)
 from megatron.launching.stopping import LAUNCH_ID_VAR, kill_tagged, new_launch_id
 from megatron.monitoring.logger import get_logger, setup_logging
@@ -61,6 +65,7 @@ class LaunchPlan:
     hosts: dict[str, list[int]] = field(default_factory=dict)
     local: LocalLaunch | None = None
     secrets: dict[str, str] = field(default_factory=dict)
+    pdsh: PdshLaunch | None = None  # set when pdsh runs the node launchers (argv: one worker's)
 
 
 def read_hostfile(path: str) -> dict[str, int]:
@@ -185,6 +190,12 @@ def plan_launch(args, script: str, python: str = sys.executable) -> LaunchPlan:
         here = _per_node_launch(la, hosts, port)
         return LaunchPlan(argv=[python, "-u", *worker], env=env, world_size=world,
                           master_port=port, hosts=hosts, local=here, secrets=secrets)
+    if la.launcher == "pdsh" and not mpirun and not la.deepspeed_slurm:
+        check_pdsh()
+        nodes = PdshLaunch(hosts=hosts, master_addr=la.master_addr or "", master_port=port,
+                           grace_seconds=la.signal_grace_seconds)
+        return LaunchPlan(argv=worker, env=env, world_size=world, master_port=port, hosts=hosts,
+                          secrets=secrets, pdsh=nodes)
     env["MASTER_PORT"] = str(port)
     if la.master_addr:
         env["MASTER_ADDR"] = la.master_addr
@@ -335,9 +346,45 @@ def run_plan(args, plan: LaunchPlan) -> int:
                      here.master_addr, here.master_port)
             return run_local(plan.argv, {**env, **plan.secrets}, here, la.signal_grace_seconds,
                              launch_id)
+        if plan.pdsh is not None:
+            return _run_through_pdsh(args, plan, env, launch_id)
         return _run_through_runner(args, plan, env, launch_id)
     finally:
         kill_tagged(launch_id)
+
+
+def _run_through_pdsh(args, plan: LaunchPlan, env: dict[str, str], launch_id: str) -> int:
+    """pdsh starting the node launchers; the secrets and `.deepspeed_env`'s variables in an
+    owner-only file that only its path reaches."""
+    la = args.launcher
+    env = {k: v for k, v in env.items() if k not in plan.secrets}
+    nodes = plan.pdsh
+    if not la.no_ssh_check:
+        check_ssh(plan.hosts, env)
+    if not nodes.master_addr:
+        first = next(iter(plan.hosts))
+        nodes = dataclasses.replace(nodes, master_addr=first_host_address(first, env))
+        log.info("master address %s (hostname -I on %s; set master_addr to choose)",
+                 nodes.master_addr, first)
+    ds_env = deepspeed_env_files()
+    startup = {k: v for k, v in ds_env.items() if k.startswith(STARTUP_VARS)}
+    carried = {**{k: v for k, v in ds_env.items() if k not in startup}, **plan.secrets}
+    exports = {**node_exports(plan.env, env), **startup, LAUNCH_ID_VAR: launch_id}
+    path = write_secrets_file(carried, la.env_file_dir) if carried else None
+    if path:
+        exports[ENV_FILE_VAR] = path
+    try:
+        encoded = plan.argv[plan.argv.index(CONFIG_FLAG) + 1]
+        redactor = Redactor(carried, [encoded])
+        log.info("launching %d worker(s) on %d node(s) with pdsh: pdsh -S -f %d -w %s python "
+                 "-m megatron.launching.node %s; exported: %s", plan.world_size, len(plan.hosts),
+                 FAN_OUT, ",".join(plan.hosts), plan.argv[0], ", ".join(exports))
+        log.debug("pdsh command: %s", redactor.clean(" ".join(pdsh_argv(
+            plan.hosts, node_command(nodes, launch_id, plan.argv, exports)))))
+        return run_pdsh(nodes, plan.argv, exports, env, launch_id, redactor)
+    finally:
+        if path:
+            Path(path).unlink(missing_ok=True)
 
 
 def _run_through_runner(args, plan: LaunchPlan, env: dict[str, str], launch_id: str) -> int:

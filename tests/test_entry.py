@@ -2,7 +2,7 @@
 
 import pytest
 
-from megatron.entry import split_command_line
+from megatron.entry import describe_error, split_command_line
 
 
 def test_files_and_overrides_in_any_order():
@@ -53,3 +53,14 @@ def test_an_override_whose_value_is_a_json_or_yaml_path_stays_an_override():
                                "hostfile=/etc/hosts.yml", "optimizer.params.lr=0.1"]) == (
         ["a.yml"], ["vocab_file=/data/tokenizer.json", "hostfile=/etc/hosts.yml",
                     "optimizer.params.lr=0.1"])
+
+
+def test_a_lost_connection_to_another_rank_is_said_in_one_short_line():
+    gloo = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] "
+                        "Read error [10.1.2.3]:59078: Connection reset by peer. This is typically "
+                        "caused by a remote worker hanging or bugs in the application. Check the "
+                        "logs of the remote worker before reporting an error. GLHF!")
+    assert describe_error(gloo) == (
+        "lost the connection to another rank (Read error [10.1.2.3]:59078: Connection reset by "
+        "peer): that rank stopped or died; its own lines above say why")
+    assert describe_error(ValueError("seq_length must be > 0")) == "seq_length must be > 0"

@@ -127,7 +127,9 @@ def test_unset_master_port_picks_a_free_one_here_and_29500_with_a_hostfile(tmp_p
         # with a hostfile every node must agree on the port: GPT-NeoX's, busy here or not
         hostfile = tmp_path / "hosts"
         hostfile.write_text("n0 slots=1\nn1 slots=1\n")
-        plan = plan_launch(args(hostfile=hostfile, num_gpus=1), "train.py")
+        plan = plan_launch(args(hostfile=hostfile, num_gpus=1), "train.py")  # pdsh
+        assert plan.master_port == 29500 and plan.pdsh.master_port == 29500
+        plan = plan_launch(args(hostfile=hostfile, num_gpus=1, launcher="slurm"), "train.py")
         assert flag(plan.argv, "master_port") == "29500" and plan.master_port == 29500
 
 

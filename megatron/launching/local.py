@@ -92,14 +92,25 @@ def death_line(launch: LocalLaunch, local_rank: int, returncode: int) -> str:
 
 
 def run_local(argv: list[str], env: dict[str, str], launch: LocalLaunch, grace_seconds: float,
-              launch_id: str) -> int:
-    """Start `argv` once per local rank, watch the workers, return the run's status."""
+              launch_id: str, abort_signal: int | None = None) -> int:
+    """Start `argv` once per local rank, watch the workers, return the run's status.
+
+    `abort_signal` (the node launcher of a pdsh launch: SIGUSR1) says that a worker on another
+    node failed: the workers here are stopped as after a local worker's death."""
     procs: list[subprocess.Popen] = []
-    with DeepySignals(grace_seconds, lambda signum: send(procs, signum)) as signals:
-        for local_rank in range(len(launch.ranks)):
-            procs.append(subprocess.Popen(argv, env=worker_env(env, launch, local_rank, launch_id),
-                                          start_new_session=True, preexec_fn=_die_with_parent))
-        return _Watch(launch, procs).until_done(signals)
+    watch = _Watch(launch, procs)
+    previous = signal.signal(abort_signal, watch.note_abort) if abort_signal else None
+    try:
+        with DeepySignals(grace_seconds, lambda signum: send(procs, signum),
+                          announce=not abort_signal) as signals:
+            for local_rank in range(len(launch.ranks)):
+                procs.append(subprocess.Popen(argv, env=worker_env(env, launch, local_rank,
+                                                                   launch_id),
+                                              start_new_session=True, preexec_fn=_die_with_parent))
+            return watch.until_done(signals)
+    finally:
+        if abort_signal:
+            signal.signal(abort_signal, previous)
 
 
 class _Watch:
@@ -111,6 +122,10 @@ class _Watch:
         self.first_failure = 0
         self.deadline: float | None = None
         self.stopping = False
+        self.aborted = False  # a worker on another node failed
+
+    def note_abort(self, signum: int, frame) -> None:
+        self.aborted = True
 
     def alive(self) -> list[subprocess.Popen]:
         return [p for p in self.procs if p.poll() is None]
@@ -118,8 +133,10 @@ class _Watch:
     def until_done(self, signals: DeepySignals) -> int:
         while self.alive() or len(self.ended) < len(self.procs):
             deaths = self._note_ended(orderly=bool(signals.signum) or self.stopping)
-            if deaths and not self.stopping:
-                self._stop_the_rest()
+            if (deaths or self.aborted) and not self.stopping:
+                self._stop_the_rest(f"a worker on another node failed: stopping the "
+                                    f"{{n}} worker(s) on {self.launch.host}" if not deaths
+                                    else "deepy.py: stopping the other {n} worker(s)")
             elif self.first_failure in PREEMPTED and self.deadline is None:
                 self.deadline = time.monotonic() + signals.grace  # the others follow
             late = self.deadline is not None and time.monotonic() > self.deadline
@@ -145,12 +162,14 @@ class _Watch:
                 deaths += 1
         return deaths
 
-    def _stop_the_rest(self) -> None:
+    def _stop_the_rest(self, what: str) -> None:
+        """SIGTERM to the workers still running, SIGKILL at the deadline; `what` says why, with
+        {n} for how many."""
         self.stopping = True
         alive = self.alive()
         if alive:
-            print(f"deepy.py: stopping the other {len(alive)} worker(s): SIGTERM, then SIGKILL "
-                  f"after {FAILURE_GRACE_SECONDS:g} s", file=sys.stderr, flush=True)
+            print(f"{what.format(n=len(alive))}: SIGTERM, then SIGKILL after "
+                  f"{FAILURE_GRACE_SECONDS:g} s", file=sys.stderr, flush=True)
             send(alive, signal.SIGTERM)
         self.deadline = time.monotonic() + FAILURE_GRACE_SECONDS
 

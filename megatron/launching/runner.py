@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Callable
 
 from megatron.launching.secrets import Redactor
 from megatron.launching.stopping import DeepySignals, exit_description, shell_status, tagged
@@ -71,8 +72,10 @@ def _srun_signal(what: str) -> str:
     return what.strip().lower()
 
 
-def relay(stream, out, redactor: Redactor) -> threading.Thread:
-    """A thread copying `stream` to `out` line by line, cleaned and with deaths reworded."""
+def relay(stream, out, redactor: Redactor,
+          rewrite: Callable[[str], str | None] | None = None) -> threading.Thread:
+    """A thread copying `stream` to `out` line by line, cleaned and with deaths reworded
+    (`rewrite` first: a line to print instead, "" to drop it, None to leave it to the rest)."""
     def copy() -> None:
         held = ""  # the first part of a report wrapped over two lines
         for raw in iter(stream.readline, b""):
@@ -82,7 +85,9 @@ def relay(stream, out, redactor: Redactor) -> threading.Thread:
             elif MPIRUN_WRAPPED.search(line):
                 held = line
                 continue
-            out.write((describe_runner_line(line) or line) + "\n")
+            text = rewrite(line) if rewrite else None
+            if text != "":
+                out.write((text or describe_runner_line(line) or line) + "\n")
             out.flush()
         if held:
             out.write(held + "\n")

@@ -36,8 +36,9 @@ def new_launch_id() -> str:
 class DeepySignals:
     """Notes deepy.py's SIGTERM / SIGINT while installed and hands each to `forward`."""
 
-    def __init__(self, grace_seconds: float, forward: Callable[[int], None]):
-        self.grace, self.forward = grace_seconds, forward
+    def __init__(self, grace_seconds: float, forward: Callable[[int], None],
+                 announce: bool = True):
+        self.grace, self.forward, self.announce = grace_seconds, forward, announce
         self.signum = 0
         self.deadline: float | None = None
         self._previous: dict[int, object] = {}
@@ -56,9 +57,11 @@ class DeepySignals:
         if not self.signum:
             self.signum = signum
             self.deadline = time.monotonic() + self.grace
-            print(f"deepy.py: received {name}: passing it to the workers, which stop after the "
-                  f"current step and save; waiting up to signal_grace_seconds={self.grace:g} s "
-                  "(send it again to stop sooner)", file=sys.stderr, flush=True)
+            if self.announce:  # a pdsh node launcher's signal is deepy.py's, said there
+                print(f"deepy.py: received {name}: passing it to the workers, which stop after the "
+                      f"current step and save; waiting up to signal_grace_seconds="
+                      f"{self.grace:g} s (send it again to stop sooner)", file=sys.stderr,
+                      flush=True)
         else:
             self.deadline = min(self.deadline, time.monotonic() + LAST_CHANCE_SECONDS)
         self.forward(signum)
@@ -77,13 +80,21 @@ def send(procs, signum: int) -> None:
             pass
 
 
+def node_tag(launch_id: str, node_rank: int) -> str:
+    """The tag of one node's workers in a launch over pdsh: `tagged(launch_id)` includes them,
+    `tagged(node_tag(...))` finds only them (several "nodes" may share a machine)."""
+    return f"{launch_id}-node{node_rank}"
+
+
 def tagged(launch_id: str) -> list[psutil.Process]:
-    """This machine's processes of the launch `launch_id` (this user's; others' are unreadable)."""
+    """This machine's processes of the launch `launch_id`, its node tags included (this user's;
+    others' are unreadable)."""
     found = []
     me = os.getpid()
     for proc in psutil.process_iter():
         try:
-            if proc.pid != me and proc.environ().get(LAUNCH_ID_VAR) == launch_id:
+            tag = proc.environ().get(LAUNCH_ID_VAR, "") if proc.pid != me else ""
+            if tag == launch_id or tag.startswith(launch_id + "-node"):
                 found.append(proc)
         except (psutil.Error, OSError):
             continue

@@ -70,7 +70,9 @@ class LauncherArgs:
         None, "This node's rank (0 .. num_nodes-1) when launching per node with no_ssh."
     )
     no_ssh_check: bool = option(
-        False, "Skip DeepSpeed's check that the hostfile's first host answers ssh (srun, mpirun)."
+        False,
+        "Skip the check before launching that the hosts answer ssh: every host with pdsh, the "
+        "first one (DeepSpeed's check) with mpirun.",
     )
     max_restarts: int = option(
         0,
