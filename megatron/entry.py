@@ -15,6 +15,7 @@ import socket
 import sys
 from typing import Callable
 
+from megatron.launching.local import name_cpu_accelerator
 from megatron.launching.secrets import load_env_file
 from megatron.monitoring.logger import setup_logging
 from megatron.safety.signals import Preempted
@@ -116,18 +117,6 @@ def describe_error(err: Exception) -> str:
         return (f"lost the connection to another rank ({m['what']}): that rank stopped or "
                 "died; its own lines above say why")
     return text
-
-
-def name_cpu_accelerator(environ) -> None:
-    """On a machine without CUDA, tell DeepSpeed its accelerator is the CPU (DS_ACCELERATOR),
-    unless the user chose one: its detection otherwise warns "Setting accelerator to CPU" once
-    per process. Detection under CUDA is left to DeepSpeed."""
-    if "DS_ACCELERATOR" in environ:
-        return
-    import torch
-
-    if not torch.cuda.is_available():
-        environ["DS_ACCELERATOR"] = "cpu"
 
 
 def run_entry(main: Callable[[], int | None]) -> int:

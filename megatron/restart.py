@@ -1,8 +1,8 @@
 """Automatic restart (`max_restarts`): a training job whose workers fail starts again from the
 newest valid checkpoint in `save`, up to `max_restarts` times, each restart announced in one line.
 
-A failure is any non-zero exit except the ones that asked for the stop: SIGTERM / SIGINT
-(128 + the signal; a scheduler or a user stopping the run) and a stop by the loss guard
+A failure is any non-zero exit except the ones that asked for the stop: SIGTERM / SIGINT /
+SIGUSR1 (128 + the signal; a scheduler or a user stopping the run) and a stop by the loss guard
 (`TrainingStopped.exit_status`: the same batches would diverge again). A worker killed by a
 signal, a crash, or a hang ended by the watchdog (124) is restarted. The restarted attempt loads
 `save` (not `finetune`, not a fixed `iteration`): the loader takes the newest checkpoint there
@@ -26,7 +26,8 @@ RESTARTABLE_SCRIPTS = ("train.py",)
 KILLING_SIGNALS = {signal.SIGINT, signal.SIGABRT, signal.SIGBUS, signal.SIGKILL, signal.SIGSEGV,
                    signal.SIGTERM}
 REQUESTED_STOPS = {128 + signal.SIGTERM: "stopped by SIGTERM", 128 + signal.SIGINT:
-                   "interrupted (SIGINT)", TrainingStopped.exit_status: "stopped by the loss guard"}
+                   "interrupted (SIGINT)", 128 + signal.SIGUSR1: "stopped by SIGUSR1",
+                   TrainingStopped.exit_status: "stopped by the loss guard"}
 
 
 def describe_status(status: int) -> str:

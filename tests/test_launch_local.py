@@ -55,6 +55,7 @@ def test_death_lines_name_rank_host_and_signal_or_status():
     ("prterun noticed that process rank 1 with PID 0 on node n7 exited on signal 9 (Killed).",
      "worker rank 1 on n7 died: killed by SIGKILL"),
     ("srun: error: n3: task 2: Killed", "worker rank 2 on n3 died: killed by SIGKILL"),
+    ("srun: error: n3: tasks 0-1: Exited with exit code 138", ""),  # a stop after saving
     ("srun: error: n3: task 0: Exited with exit code 1",
      "worker rank 0 on n3 died: exited with status 1"),
     ("iteration 10/20 | lm_loss 2.1", None),
@@ -76,6 +77,29 @@ def test_a_report_wrapped_over_two_lines_is_joined(capfd):
     relay(proc.stdout, sys.stdout, Redactor({})).join()
     proc.wait()
     assert capfd.readouterr().out == "worker rank 1 on vm died: killed by SIGKILL\nnext\n"
+
+
+def relayed(text: str) -> str:
+    import io
+
+    from megatron.launching.runner import relay
+
+    out = io.StringIO()
+    relay(io.BytesIO(text.encode()), out, Redactor({})).join()
+    return out.getvalue()
+
+
+def test_mpiruns_boxed_report_of_a_stop_after_saving_is_dropped_and_of_a_death_reworded():
+    rule = "-" * 74
+    stop = (f"{rule}\nprterun detected that one or more processes exited with non-zero status,\n"
+            "thus causing the job to be terminated. The first process to do so was:\n\n"
+            f"   Process name: [prterun-vm-5431@1,1]\n   Exit code:    138\n{rule}\n")
+    assert relayed("before\n" + stop + "after\n") == "before\nafter\n"
+    crash = stop.replace("Exit code:    138", "Exit code:    1")
+    assert relayed(crash) == crash  # a real failure's box is kept whole
+    death = (f"{rule}\nprterun noticed that process rank 1 with PID 0 on node vm exited on\n"
+             f"signal 9 (Killed).\n{rule}\n")
+    assert relayed(death) == f"{rule}\nworker rank 1 on vm died: killed by SIGKILL\n{rule}\n"
 
 
 def test_secrets_and_the_config_are_hidden_in_relayed_output():

@@ -244,7 +244,21 @@ def build_data_loader(dataset, consumed_samples: int, micro_batch_size: int,
     return torch.utils.data.DataLoader(dataset, batch_sampler=sampler,
                                        num_workers=clamp_num_workers(num_workers),
                                        collate_fn=collate_text, pin_memory=pin_memory,
-                                       generator=torch.Generator().manual_seed(0))
+                                       generator=torch.Generator().manual_seed(0),
+                                       worker_init_fn=ignore_stop_signals)
+
+
+def ignore_stop_signals(_worker_id: int) -> None:
+    """In a loader worker process: leave the stop requests SIGINT and SIGUSR1 to the training
+    process (megatron.safety.signals). A launcher may signal every process of a rank (mpirun
+    passes SIGUSR1 on to the whole process group, SLURM's --signal=USR1@T reaches every process
+    of the step); a loader worker ended by one would fail the step that should save the
+    checkpoint. SIGTERM keeps its default: it is how multiprocessing ends loader workers when
+    their training process exits."""
+    import signal
+
+    for signum in (signal.SIGINT, signal.SIGUSR1):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def cyclic_iter(iterable: Iterable) -> Iterator:

@@ -14,7 +14,7 @@ When a worker fails on its own, one line per failed worker says which, where and
 
 and the others are stopped: SIGTERM, FAILURE_GRACE_SECONDS, then SIGKILL (they cannot save
 without the dead one: a checkpoint is written by all ranks together). A worker that exits with
-143 or 130 stopped on a signal of its own after saving (megatron.safety.signals); the others
+143, 130 or 138 stopped on a signal of its own after saving (megatron.safety.signals); the others
 follow after the same step, so they are left to finish. The status of the run:
 
     0          every worker exited 0
@@ -35,9 +35,10 @@ from dataclasses import dataclass
 
 from megatron.launching.stopping import (LAUNCH_ID_VAR, DeepySignals, exit_description, send,
                                          shell_status)
+from megatron.safety.signals import STOP_STATUSES
 
 FAILURE_GRACE_SECONDS = 30.0
-PREEMPTED = (128 + signal.SIGTERM, 128 + signal.SIGINT)  # a worker's own orderly stop
+PREEMPTED = STOP_STATUSES  # a worker's own orderly stop (megatron.safety.signals)
 POLL_SECONDS = 0.2
 PR_SET_PDEATHSIG = 1
 
@@ -184,6 +185,18 @@ class _Watch:
         for proc in alive:
             proc.wait()
         self.stopping = True
+
+
+def name_cpu_accelerator(environ) -> None:
+    """On a machine without CUDA, tell DeepSpeed its accelerator is the CPU (DS_ACCELERATOR),
+    unless the user chose one: its detection otherwise warns "Setting accelerator to CPU" once
+    per process. Detection under CUDA is left to DeepSpeed."""
+    if "DS_ACCELERATOR" in environ:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        environ["DS_ACCELERATOR"] = "cpu"
 
 
 def _die_with_parent() -> None:

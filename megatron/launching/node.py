@@ -24,11 +24,13 @@ import base64
 import json
 import os
 import signal
+import socket
 import sys
 
-from megatron.launching.local import LocalLaunch, run_local
+from megatron.launching.local import LocalLaunch, name_cpu_accelerator, run_local
+from megatron.launching.secrets import load_env_file
 from megatron.launching.stopping import LAUNCH_ID_VAR, kill_tagged, node_tag, tagged
-from megatron.monitoring.logger import get_logger
+from megatron.monitoring.logger import get_logger, setup_logging
 
 log = get_logger("megatron.launching.node")  # also when run as __main__
 
@@ -119,9 +121,15 @@ def main(argv=None) -> int:
     worker = args.worker[1:] if args.worker[:1] == ["--"] else args.worker
     if not args.spec or not worker:
         parser.error("a node launch needs --spec and the worker's command after --")
-    from megatron.entry import run_entry  # the workers' environment: secrets, accelerator
-
-    return run_entry(lambda: run_node(decode_spec(args.spec), args.node_rank, worker))
+    setup_logging()
+    try:  # the workers' environment: the secrets file, the accelerator's name
+        load_env_file(os.environ)
+        name_cpu_accelerator(os.environ)
+        return run_node(decode_spec(args.spec), args.node_rank, worker)
+    except (ValueError, RuntimeError, OSError) as err:
+        print(f"error (node {args.node_rank} on {socket.gethostname()}): {err}", file=sys.stderr,
+              flush=True)
+        return 1
 
 
 if __name__ == "__main__":

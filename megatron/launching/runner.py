@@ -11,10 +11,10 @@ one-line form of local launches, with what each launcher tells:
     mpirun                                "worker rank 1 on HOST died: killed by SIGKILL"
     srun                                  "worker rank 1 on HOST died: exited with status 1"
 
-SIGTERM / SIGINT to deepy.py goes to the runner's process group, as Ctrl-C in a terminal would:
-DeepSpeed's pdsh runner then stops every node's launcher, which gives its workers SIGTERM and
-SIGKILLs them 30 s later (DeepSpeed's own limit); mpirun and srun pass the signal on by their own
-rules. deepy.py waits for the runner and for the launch's processes on this machine, up to
+SIGTERM / SIGINT to deepy.py would make mpirun and srun end their processes at once, without
+their checkpoint; both pass SIGUSR1 on to every process, so deepy.py sends them SIGUSR1
+instead, which workers take as a stop request like SIGTERM (megatron.safety.signals). deepy.py
+waits for the runner and for the launch's processes on this machine, up to
 `signal_grace_seconds`, then kills what is left here. Processes left on other nodes are the
 launcher's to stop.
 """
@@ -30,8 +30,11 @@ import threading
 import time
 from typing import Callable
 
+import psutil
+
 from megatron.launching.secrets import Redactor
 from megatron.launching.stopping import DeepySignals, exit_description, shell_status, tagged
+from megatron.safety.signals import STOP_STATUSES
 
 POLL_SECONDS = 0.2
 # DeepSpeed's launch.py: "[...] exits with return code = -9", behind pdsh's "host: " prefix
@@ -47,13 +50,16 @@ SRUN_EXIT = re.compile(r"Exited with exit code (\d+)")
 
 
 def describe_runner_line(line: str) -> str | None:
-    """The one-line death report for a launcher's line about a dead worker, else None."""
+    """The one-line death report for a launcher's line about a dead worker ("" for srun's report
+    of tasks that stopped after saving), else None."""
     m = MPIRUN_SIGNAL.search(line)
     if m:
         return f"worker rank {m['rank']} on {m['host']} died: {exit_description(-int(m['sig']))}"
     m = SRUN_TASK.match(line)
     if m:
         code = SRUN_EXIT.search(m["what"])
+        if code and int(code.group(1)) in STOP_STATUSES:
+            return ""  # the tasks stopped on a signal after saving: not a death
         how = exit_description(int(code.group(1))) if code else _srun_signal(m["what"])
         return f"worker rank {m['rank']} on {m['host']} died: {how}"
     m = DEEPSPEED_EXIT.match(line)
@@ -76,21 +82,39 @@ def relay(stream, out, redactor: Redactor,
           rewrite: Callable[[str], str | None] | None = None) -> threading.Thread:
     """A thread copying `stream` to `out` line by line, cleaned and with deaths reworded
     (`rewrite` first: a line to print instead, "" to drop it, None to leave it to the rest)."""
+    held: list[str] = []  # the first part of a report wrapped over two lines
+
+    def emit(line: str) -> None:
+        if held:
+            line = f"{held.pop()} {line}"
+        elif MPIRUN_WRAPPED.search(line):
+            held.append(line)
+            return
+        text = rewrite(line) if rewrite else None
+        if text is None:
+            text = describe_runner_line(line)
+        if text != "":  # "": a report that says nothing here (dropped)
+            out.write((line if text is None else text) + "\n")
+        out.flush()
+
     def copy() -> None:
-        held = ""  # the first part of a report wrapped over two lines
+        box: list[str] | None = None  # an mpirun message between two rules of dashes
         for raw in iter(stream.readline, b""):
             line = redactor.clean(raw.decode("utf-8", errors="replace")).rstrip("\n")
-            if held:
-                line, held = f"{held} {line}", ""
-            elif MPIRUN_WRAPPED.search(line):
-                held = line
-                continue
-            text = rewrite(line) if rewrite else None
-            if text != "":
-                out.write((text or describe_runner_line(line) or line) + "\n")
-            out.flush()
-        if held:
-            out.write(held + "\n")
+            if MPIRUN_RULE.match(line) and box is None:
+                box = [line]
+            elif box is not None:
+                box.append(line)
+                if MPIRUN_RULE.match(line):
+                    ended, box = box, None
+                    if not _orderly_stop_box(ended):
+                        for boxed in ended:
+                            emit(boxed)
+            else:
+                emit(line)
+        for rest in held + (box or []):
+            out.write(rest + "\n")
+        out.flush()
         stream.close()
 
     thread = threading.Thread(target=copy, daemon=True)
@@ -98,13 +122,40 @@ def relay(stream, out, redactor: Redactor,
     return thread
 
 
+MPIRUN_NAMES = ("mpirun", "mpiexec", "prterun", "mpiexec.hydra", "orterun", "srun")
+# Open MPI frames its messages between rules of dashes; the one about the first process to
+# exit with a non-zero status says nothing more when that status was a stop after saving
+MPIRUN_RULE = re.compile(r"^-{20,}$")
+MPIRUN_EXIT_CODE = re.compile(r"^\s*Exit code:\s*(\d+)")
+
+
+def _orderly_stop_box(lines: list[str]) -> bool:
+    """Whether an mpirun message box only reports a worker's exit after a stop signal."""
+    text = " ".join(lines)
+    codes = [int(m.group(1)) for m in map(MPIRUN_EXIT_CODE.match, lines) if m]
+    return ("exited with non-zero status" in text and bool(codes)
+            and all(c in STOP_STATUSES for c in codes))
+
+
 def run_runner(argv: list[str], env: dict[str, str], grace_seconds: float, launch_id: str,
-               redactor: Redactor) -> int:
-    """Run DeepSpeed's runner `argv` to its end; the run's status (see launch_local for 128+S)."""
+               redactor: Redactor, through_mpirun: bool = False) -> int:
+    """Run DeepSpeed's runner `argv` to its end; the run's status (see launch_local for 128+S).
+    `through_mpirun`: the runner starts mpirun or srun, which gets deepy.py's stop as SIGUSR1."""
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     threads = [relay(proc.stdout, sys.stdout, redactor), relay(proc.stderr, sys.stderr, redactor)]
-    with DeepySignals(grace_seconds, lambda signum: _signal_group(proc.pid, signum)) as signals:
+
+    def forward(signum: int) -> None:
+        mpiruns = _mpiruns(proc.pid) if through_mpirun else []
+        for mpirun in mpiruns:
+            try:
+                mpirun.send_signal(signal.SIGUSR1)
+            except psutil.Error:
+                pass
+        if not mpiruns:
+            _signal_group(proc.pid, signum)
+
+    with DeepySignals(grace_seconds, forward) as signals:
         while proc.poll() is None or (signals.signum and not signals.expired()
                                       and tagged(launch_id)):
             if signals.expired() and proc.poll() is None:
@@ -118,6 +169,22 @@ def run_runner(argv: list[str], env: dict[str, str], grace_seconds: float, launc
     if signals.signum:
         return 128 + signals.signum
     return shell_status(proc.returncode)
+
+
+def _mpiruns(pid: int) -> list:
+    """The mpirun / srun processes the runner `pid` started."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    found = []
+    for child in children:
+        try:
+            if child.name() in MPIRUN_NAMES:
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
 
 
 def _signal_group(pgid: int, signum: int) -> None:

@@ -1,4 +1,6 @@
-"""Stopping on a signal: SIGTERM (a preemption: Kubernetes, SLURM, `kill`) or SIGINT (Ctrl-C)
+"""Stopping on a signal: SIGTERM (a preemption: Kubernetes, SLURM, `kill`), SIGINT (Ctrl-C) or
+SIGUSR1 (SLURM's `--signal=USR1@SECONDS` warning before the time limit, and how deepy.py passes
+a stop through mpirun, which forwards SIGUSR1 to its processes but ends them at once on SIGTERM)
 asks the run to stop; it finishes the step, saves, and exits with the signal's status.
 
     with StopSignals() as stops:
@@ -10,7 +12,8 @@ A signal reaches some ranks and not others (DeepSpeed's launcher passes it on on
 time), so each step ends with one all-reduce of the signal received: all ranks stop after the
 same step. A second SIGINT stops at once (KeyboardInterrupt), for a run that must not wait.
 `entry.run_entry` prints a `Preempted` as one line and exits with 128 + the signal number
-(143 for SIGTERM, 130 for SIGINT), the status a shell gives a process that signal ended.
+(143 for SIGTERM, 130 for SIGINT, 138 for SIGUSR1), the status a shell gives a process that
+signal ended.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from megatron.monitoring.logger import get_logger
 
 log = get_logger(__name__)
 
-HANDLED = (signal.SIGTERM, signal.SIGINT)
+HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+STOP_STATUSES = tuple(128 + s for s in HANDLED)  # a worker's orderly stop after saving
 
 
 class Preempted(Exception):
@@ -57,8 +61,9 @@ class StopSignals:
             raise KeyboardInterrupt  # the second Ctrl-C: stop now
         if not self.received:
             self.received = signum
-            log.warning("received %s: stopping after this step, with a checkpoint (a second "
-                        "Ctrl-C stops at once)", signal.Signals(signum).name)
+            log.warning("received %s: stopping after this step, with a checkpoint%s",
+                        signal.Signals(signum).name,
+                        " (a second Ctrl-C stops at once)" if signum == signal.SIGINT else "")
 
     def agreed(self) -> int:
         """The signal any rank received (0: none), the same on every rank. Collective."""

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from megatron.checkpointing.manifest import check_files, read_manifest
+from tests.e2e import local_slurm
 from tests.e2e.test_cluster_launchers import open_mpi_bin
 from tests.runs import ROOT, clean_env, tiny_overrides, wait_for_text
 
@@ -108,9 +109,9 @@ def test_a_signal_to_deepy_reaches_every_worker_which_save_and_exit(small_data, 
     assert not left_over(pids)
 
 
-@pytest.mark.slow
-def test_mpiruns_report_of_a_killed_worker_becomes_one_line(small_data, tmp_path):
-    """Through DeepSpeed's runner and a real mpirun: the rank and node come from mpirun."""
+def start_under_mpirun(small_data, tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
+    """deepy.py through DeepSpeed's runner and a real mpirun (two workers on this machine) on a
+    long tiny run; (process, output file, run directory)."""
     env = clean_env(PATH=open_mpi_bin() + os.pathsep + os.environ.get("PATH", ""))
     if os.geteuid() == 0:  # Open MPI refuses root unless told twice
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
@@ -126,6 +127,61 @@ def test_mpiruns_report_of_a_killed_worker_becomes_one_line(small_data, tmp_path
                              launcher="openmpi", deepspeed_mpi=True, no_ssh_check=True,
                              master_addr="127.0.0.1", omp_num_threads=1)],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return proc, log, run
+
+
+@pytest.mark.slow
+def test_sigterm_to_deepy_under_mpirun_reaches_the_workers_which_save(small_data, tmp_path):
+    """mpirun ends its processes at once on SIGTERM; deepy.py passes the stop on as SIGUSR1,
+    which mpirun forwards, so the workers (not their loader processes) save and exit."""
+    proc, log, run = start_under_mpirun(small_data, tmp_path)
+    try:
+        wait_for_text(log, "iteration      3/", proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=300) == 143, log.read_text()[-3000:]
+    finally:
+        proc.kill()
+    out = log.read_text()
+    latest = assert_latest_checkpoint_intact(run / "ckpt")
+    assert latest >= 3
+    assert f"preempted (SIGUSR1) at iteration {latest}; checkpoint {run / 'ckpt'}/global_step" \
+           f"{latest}" in out, out[-3000:]
+    assert "DataLoader worker" not in out and "exited with non-zero status" not in out
+
+
+@pytest.mark.slow
+def test_sigterm_to_deepy_under_a_real_srun_reaches_the_workers_which_save(small_data, tmp_path):
+    """srun ends the step at once on SIGTERM; deepy.py passes the stop on as SIGUSR1, which srun
+    forwards to every task, and srun's report of the tasks' exit after saving is no death."""
+    reason = local_slurm.missing()
+    if reason:
+        pytest.skip(reason)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    run, log = tmp_path / "run", tmp_path / "run.log"
+    with local_slurm.local_slurm(tmp_path / "slurm") as slurm_env, open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "deepy.py"), "train.py", "configs/tiny.yml",
+             *tiny_overrides(*small_data, run, train_iters=2000, checkpoint_factor=1000,
+                             eval_interval=1000, log_interval=1, hostfile=hostfile,
+                             launcher="slurm", deepspeed_slurm=True, omp_num_threads=1)],
+            cwd=ROOT, env=clean_env(**slurm_env), stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_for_text(log, "iteration      3/", proc)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=300) == 143, log.read_text()[-3000:]
+        finally:
+            proc.kill()
+    text = log.read_text()
+    latest = assert_latest_checkpoint_intact(run / "ckpt")
+    assert f"preempted (SIGUSR1) at iteration {latest}; checkpoint" in text, text[-3000:]
+    assert " died: " not in text and "CANCELLED" not in text
+
+
+@pytest.mark.slow
+def test_mpiruns_report_of_a_killed_worker_becomes_one_line(small_data, tmp_path):
+    """Through DeepSpeed's runner and a real mpirun: the rank and node come from mpirun."""
+    proc, log, _run = start_under_mpirun(small_data, tmp_path)
     try:
         wait_for_text(log, "iteration      3/", proc)
         ranks = {}

@@ -44,6 +44,7 @@ class CheckpointArgs:
         "(their content fingerprints are stored in every checkpoint).",
     )
     save_on_signal: bool = option(
-        True, "On SIGTERM (preemption) or Ctrl-C, finish the step and save a checkpoint before "
+        True, "On SIGTERM (preemption), SIGUSR1 (SLURM's warning) or Ctrl-C, finish the step and "
+        "save a checkpoint before "
         "exiting (false: exit after the step without saving)."
     )
