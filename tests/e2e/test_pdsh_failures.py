@@ -18,7 +18,7 @@ import pytest
 from megatron.launching.stopping import LAUNCH_ID_VAR
 from tests.e2e import local_sshd
 from tests.e2e.test_cluster_launchers import pdsh_missing
-from tests.e2e.test_worker_failures import assert_latest_checkpoint_intact
+from tests.e2e.test_worker_failures import assert_latest_checkpoint_intact, stop_with
 from tests.runs import ROOT, clean_env, tiny_overrides, wait_for_text
 
 pytestmark = pytest.mark.slow
@@ -81,16 +81,14 @@ def assert_nothing_left(pids: list[int]) -> None:
 def test_sigterm_reaches_every_node_which_saves_and_exits(small_data, tmp_path, sshd):
     run = tmp_path / "run"
     proc, log = start(small_data, run, sshd)
-    try:
-        wait_for_text(log, "iteration      3/", proc)
+    pids = []
+
+    def note_processes():
         found = launch_processes()
-        pids = [p.pid for group in found.values() for p in group]
+        pids.extend(p.pid for group in found.values() for p in group)
         assert len(found["launchers"]) == 2 and len(found["workers"]) == 2
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=300) == 143, log.read_text()[-3000:]
-    finally:
-        proc.kill()
-    out = log.read_text()
+
+    out = stop_with(proc, log, signal.SIGTERM, 143, before=note_processes)
     latest = assert_latest_checkpoint_intact(run / "ckpt")
     assert latest >= 3
     assert f"preempted (SIGTERM) at iteration {latest}; checkpoint {run / 'ckpt'}/global_step" \

@@ -50,6 +50,20 @@ def left_over(pids: list[int]) -> list[int]:
             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
+def stop_with(proc: subprocess.Popen, log: Path, signum: int, status: int,
+              before=lambda: None) -> str:
+    """Once `proc` has logged iteration 3: `before()`, `signum` to it, its exit with `status`;
+    its whole output."""
+    try:
+        wait_for_text(log, "iteration      3/", proc)
+        before()
+        proc.send_signal(signum)
+        assert proc.wait(timeout=300) == status, log.read_text()[-3000:]
+    finally:
+        proc.kill()
+    return log.read_text()
+
+
 def assert_latest_checkpoint_intact(ckpt: Path) -> int:
     tag = (ckpt / "latest").read_text().strip()
     manifest = read_manifest(ckpt / tag)
@@ -91,15 +105,12 @@ def test_a_signal_to_deepy_reaches_every_worker_which_save_and_exit(small_data, 
     run = tmp_path / "run"
     proc, log = start(small_data, run)
     pids = []
-    try:
-        wait_for_text(log, "iteration      3/", proc)
-        pids = [p.pid for p in workers(proc).values()]
+
+    def note_workers():
+        pids.extend(p.pid for p in workers(proc).values())
         assert len(pids) == 2
-        proc.send_signal(signum)
-        assert proc.wait(timeout=300) == status, log.read_text()[-3000:]
-    finally:
-        proc.kill()
-    out = log.read_text()
+
+    out = stop_with(proc, log, signum, status, before=note_workers)
     name = signal.Signals(signum).name
     assert f"deepy.py: received {name}: passing it to the workers" in out
     latest = assert_latest_checkpoint_intact(run / "ckpt")
@@ -135,13 +146,7 @@ def test_sigterm_to_deepy_under_mpirun_reaches_the_workers_which_save(small_data
     """mpirun ends its processes at once on SIGTERM; deepy.py passes the stop on as SIGUSR1,
     which mpirun forwards, so the workers (not their loader processes) save and exit."""
     proc, log, run = start_under_mpirun(small_data, tmp_path)
-    try:
-        wait_for_text(log, "iteration      3/", proc)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=300) == 143, log.read_text()[-3000:]
-    finally:
-        proc.kill()
-    out = log.read_text()
+    out = stop_with(proc, log, signal.SIGTERM, 143)
     latest = assert_latest_checkpoint_intact(run / "ckpt")
     assert latest >= 3
     assert f"preempted (SIGUSR1) at iteration {latest}; checkpoint {run / 'ckpt'}/global_step" \
@@ -166,13 +171,7 @@ def test_sigterm_to_deepy_under_a_real_srun_reaches_the_workers_which_save(small
                              eval_interval=1000, log_interval=1, hostfile=hostfile,
                              launcher="slurm", deepspeed_slurm=True, omp_num_threads=1)],
             cwd=ROOT, env=clean_env(**slurm_env), stdout=out, stderr=subprocess.STDOUT)
-        try:
-            wait_for_text(log, "iteration      3/", proc)
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=300) == 143, log.read_text()[-3000:]
-        finally:
-            proc.kill()
-    text = log.read_text()
+        text = stop_with(proc, log, signal.SIGTERM, 143)
     latest = assert_latest_checkpoint_intact(run / "ckpt")
     assert f"preempted (SIGUSR1) at iteration {latest}; checkpoint" in text, text[-3000:]
     assert " died: " not in text and "CANCELLED" not in text
