@@ -17,6 +17,7 @@ from typing import Callable
 
 from megatron.launching.local import name_cpu_accelerator
 from megatron.launching.secrets import load_env_file
+from megatron.launching.stopping import LAUNCH_ID_VAR
 from megatron.monitoring.logger import setup_logging
 from megatron.safety.signals import Preempted
 
@@ -119,9 +120,37 @@ def describe_error(err: Exception) -> str:
     return text
 
 
+class _PipeProof:
+    """A worker's stdout or stderr, read by deepy.py through a pipe: should deepy.py be gone (its
+    end of the pipe closed), writes are dropped instead of failing the step that would save."""
+
+    def __init__(self, stream):
+        self._stream, self._gone = stream, False
+
+    def write(self, text: str) -> int:
+        if not self._gone:
+            try:
+                return self._stream.write(text)
+            except (BrokenPipeError, ValueError):
+                self._gone = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except (BrokenPipeError, ValueError):
+                self._gone = True
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def run_entry(main: Callable[[], int | None]) -> int:
     """Run `main`, mapping user errors to a one-line message and exit status 1 (3 for a stop
     by the loss guard, 128 + the signal for a stop on SIGTERM / SIGINT)."""
+    if LAUNCH_ID_VAR in os.environ and not isinstance(sys.stdout, _PipeProof):  # a worker
+        sys.stdout, sys.stderr = _PipeProof(sys.stdout), _PipeProof(sys.stderr)
     setup_logging()
     try:
         load_env_file(os.environ)

@@ -404,7 +404,7 @@ def _run_through_runner(args, plan: LaunchPlan, env: dict[str, str], launch_id: 
         log.info("launching %d worker(s) on %d node(s) with %s: %s", plan.world_size,
                  len(plan.hosts), la.launcher, " ".join(plan.argv).replace(encoded, "<config>"))
         return run_runner(plan.argv, env, la.signal_grace_seconds, launch_id,
-                          Redactor(plan.secrets, [encoded]),
+                          Redactor(plan.secrets, [encoded]), plan.world_size,
                           through_mpirun=la.launcher in (*MPI_LAUNCHERS, "slurm"))
     finally:  # the secrets file: gone with the run
         for path in files:

@@ -202,14 +202,19 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
+_CLAMPS_SAID: set[tuple[int, int]] = set()
+
+
 def clamp_num_workers(num_workers: int) -> int:
     """`num_workers` limited to the available CPUs, with a warning when lowered (A10)."""
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")
     cpus = available_cpus()
     if num_workers > cpus:
-        logger.warning("num_workers=%d exceeds the %d available CPUs; using %d", num_workers,
-                       cpus, cpus)
+        if (num_workers, cpus) not in _CLAMPS_SAID:  # once, not for each of the three splits
+            _CLAMPS_SAID.add((num_workers, cpus))
+            logger.warning("num_workers=%d exceeds the %d available CPUs; using %d", num_workers,
+                           cpus, cpus)
         return cpus
     return num_workers
 

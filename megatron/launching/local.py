@@ -25,19 +25,25 @@ follow after the same step, so they are left to finish. The status of the run:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
+from megatron.launching.merge import WarningMerger, pipe_lines
 from megatron.launching.stopping import (LAUNCH_ID_VAR, DeepySignals, exit_description, send,
                                          shell_status)
+from megatron.monitoring.progress import ENV as PROGRESS_ENV
 from megatron.safety.signals import STOP_STATUSES
 
 FAILURE_GRACE_SECONDS = 30.0
+READER_WAIT_SECONDS = 5.0  # for the workers' last output once they ended
 PREEMPTED = STOP_STATUSES  # a worker's own orderly stop (megatron.safety.signals)
 POLL_SECONDS = 0.2
 PR_SET_PDEATHSIG = 1
@@ -100,18 +106,59 @@ def run_local(argv: list[str], env: dict[str, str], launch: LocalLaunch, grace_s
     node failed: the workers here are stopped as after a local worker's death."""
     procs: list[subprocess.Popen] = []
     watch = _Watch(launch, procs)
+    output = _Output(launch.ranks)
+    if sys.stderr.isatty() and PROGRESS_ENV not in env:
+        env = {**env, PROGRESS_ENV: "1"}  # rank 0's bars reach this terminal through the pipe
     previous = signal.signal(abort_signal, watch.note_abort) if abort_signal else None
     try:
         with DeepySignals(grace_seconds, lambda signum: send(procs, signum),
                           announce=not abort_signal) as signals:
-            for local_rank in range(len(launch.ranks)):
-                procs.append(subprocess.Popen(argv, env=worker_env(env, launch, local_rank,
-                                                                   launch_id),
-                                              start_new_session=True, preexec_fn=_die_with_parent))
+            for local_rank, rank in enumerate(launch.ranks):
+                with output.pipes(rank) as (out, err):
+                    procs.append(subprocess.Popen(
+                        argv, env=worker_env(env, launch, local_rank, launch_id), stdout=out,
+                        stderr=err, start_new_session=True, preexec_fn=_die_with_parent))
             return watch.until_done(signals)
     finally:
+        output.close()
         if abort_signal:
             signal.signal(abort_signal, previous)
+
+
+class _Output:
+    """The workers' stdout and stderr, copied to deepy.py's; warnings alike on several ranks
+    printed once (megatron.launching.merge)."""
+
+    def __init__(self, ranks):
+        self.merger = WarningMerger(sys.stderr, ranks)
+        self.readers: list[threading.Thread] = []
+
+    @contextlib.contextmanager
+    def pipes(self, rank: int):
+        """(stdout, stderr) write ends for the worker of `rank`; closed here once it started."""
+        ends = [os.pipe(), os.pipe()]
+        try:
+            yield ends[0][1], ends[1][1]
+        except BaseException:
+            for r, _w in ends:
+                os.close(r)
+            raise
+        finally:
+            for _r, w in ends:
+                os.close(w)
+        for (r, _w), out, merger in zip(ends, (sys.stdout, sys.stderr), (None, self.merger)):
+            reader = threading.Thread(target=pipe_lines, args=(r, out, merger, rank),
+                                      name=f"output-rank{rank}", daemon=True)
+            reader.start()
+            self.readers.append(reader)
+
+    def close(self) -> None:
+        """Wait briefly for what the workers wrote last (a leftover child holding a pipe open is
+        swept by the launcher), then print the warnings still held."""
+        deadline = time.monotonic() + READER_WAIT_SECONDS
+        for reader in self.readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+        self.merger.close()
 
 
 class _Watch:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from megatron.launching.node import MODULE, encode_spec
 from megatron.launching.local import PREEMPTED
+from megatron.launching.merge import WarningMerger
 from megatron.launching.runner import relay
 from megatron.launching.secrets import Redactor
 from megatron.launching.stopping import LAUNCH_ID_VAR, DeepySignals, kill_tagged
@@ -208,8 +209,9 @@ def run_pdsh(launch: PdshLaunch, worker_argv: list[str], exports: dict[str, str]
     command = node_command(launch, launch_id, worker_argv, exports)
     proc = subprocess.Popen(pdsh_argv(launch.hosts, command), env=nodes.env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    merger = WarningMerger(sys.stderr, range(launch.world_size))  # across the nodes
     threads = [relay(proc.stdout, sys.stdout, redactor),
-               relay(proc.stderr, sys.stderr, redactor, rewrite=nodes.line)]
+               relay(proc.stderr, sys.stderr, redactor, rewrite=nodes.line, merger=merger)]
     forward = lambda signum: nodes.send("INT" if signum == signal.SIGINT else "TERM")  # noqa: E731
     with DeepySignals(launch.grace_seconds, forward) as signals:
         while proc.poll() is None:
@@ -229,6 +231,7 @@ def run_pdsh(launch: PdshLaunch, worker_argv: list[str], exports: dict[str, str]
     _signal_group(proc.pid, signal.SIGKILL)  # ssh clients pdsh may have left behind
     for thread in threads:
         thread.join(timeout=10)
+    merger.close()
     nodes.finish_senders()
     kill_tagged(launch_id)  # this machine's share, when it is one of the nodes
     if signals.signum:

@@ -1,7 +1,7 @@
 """Running DeepSpeed's multi-node runner (pdsh, mpirun, srun) from deepy.py: its output relayed
 without secrets or the encoded config, worker deaths said in one line, signals passed on.
 
-    status = run_runner(argv, env, grace_seconds, launch_id, Redactor(secrets, [encoded]))
+    status = run_runner(argv, env, grace_seconds, launch_id, Redactor(secrets, [encoded]), world)
 
 Every line the runner and its launchers print passes through `Redactor` (the config blob
 becomes `<config>`, an exported value `K=<hidden>`). Their reports of a dead worker become the
@@ -32,6 +32,7 @@ from typing import Callable
 
 import psutil
 
+from megatron.launching.merge import WarningMerger
 from megatron.launching.secrets import Redactor
 from megatron.launching.stopping import DeepySignals, exit_description, shell_status, tagged
 from megatron.safety.signals import STOP_STATUSES
@@ -79,9 +80,11 @@ def _srun_signal(what: str) -> str:
 
 
 def relay(stream, out, redactor: Redactor,
-          rewrite: Callable[[str], str | None] | None = None) -> threading.Thread:
+          rewrite: Callable[[str], str | None] | None = None,
+          merger: WarningMerger | None = None) -> threading.Thread:
     """A thread copying `stream` to `out` line by line, cleaned and with deaths reworded
-    (`rewrite` first: a line to print instead, "" to drop it, None to leave it to the rest)."""
+    (`rewrite` first: a line to print instead, "" to drop it, None to leave it to the rest);
+    with `merger` (writing to `out`), warnings alike on several ranks are printed once."""
     held: list[str] = []  # the first part of a report wrapped over two lines
 
     def emit(line: str) -> None:
@@ -93,9 +96,13 @@ def relay(stream, out, redactor: Redactor,
         text = rewrite(line) if rewrite else None
         if text is None:
             text = describe_runner_line(line)
-        if text != "":  # "": a report that says nothing here (dropped)
+        if text == "":  # a report that says nothing here (dropped)
+            return
+        if merger is not None:
+            merger.feed(None, line if text is None else text)
+        else:
             out.write((line if text is None else text) + "\n")
-        out.flush()
+            out.flush()
 
     def copy() -> None:
         box: list[str] | None = None  # an mpirun message between two rules of dashes
@@ -138,12 +145,14 @@ def _orderly_stop_box(lines: list[str]) -> bool:
 
 
 def run_runner(argv: list[str], env: dict[str, str], grace_seconds: float, launch_id: str,
-               redactor: Redactor, through_mpirun: bool = False) -> int:
+               redactor: Redactor, world_size: int, through_mpirun: bool = False) -> int:
     """Run DeepSpeed's runner `argv` to its end; the run's status (see launch_local for 128+S).
     `through_mpirun`: the runner starts mpirun or srun, which gets deepy.py's stop as SIGUSR1."""
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
-    threads = [relay(proc.stdout, sys.stdout, redactor), relay(proc.stderr, sys.stderr, redactor)]
+    merger = WarningMerger(sys.stderr, range(world_size))
+    threads = [relay(proc.stdout, sys.stdout, redactor),
+               relay(proc.stderr, sys.stderr, redactor, merger=merger)]
 
     def forward(signum: int) -> None:
         mpiruns = _mpiruns(proc.pid) if through_mpirun else []
@@ -166,6 +175,7 @@ def run_runner(argv: list[str], env: dict[str, str], grace_seconds: float, launc
     _signal_group(proc.pid, signal.SIGKILL)  # whatever the runner left in its session
     for thread in threads:
         thread.join(timeout=10)
+    merger.close()
     if signals.signum:
         return 128 + signals.signum
     return shell_status(proc.returncode)

@@ -282,7 +282,8 @@ def _say(text: str) -> None:
     """Straight to file descriptor 2: no logging lock the blocked thread might hold."""
     with contextlib.suppress(Exception):
         sys.stderr.flush()
-    os.write(2, text.encode("utf-8", "replace"))
+    with contextlib.suppress(OSError):  # deepy.py's end of the pipe may be gone: exit anyway
+        os.write(2, text.encode("utf-8", "replace"))
 
 
 _COMM_DIRS = (f"{os.sep}torch{os.sep}distributed{os.sep}", f"{os.sep}deepspeed{os.sep}comm{os.sep}")

@@ -160,10 +160,13 @@ def _stage_estimate(args, config, layout: Layout, device: str, params: int, bloc
 
 
 def framework_bytes(args, device: str) -> int:
-    """The stated per-worker constant (module docstring)."""
+    """The stated per-worker constant (module docstring); loader workers as many as the loaders
+    will start (num_workers, at most this machine's CPUs)."""
     if device == "cuda":
         return FRAMEWORK_BYTES["cuda"]
-    return FRAMEWORK_BYTES["cpu"] + args.data.num_workers * DATA_WORKER_BYTES
+    from megatron.data.loaders import available_cpus
+
+    return FRAMEWORK_BYTES["cpu"] + min(args.data.num_workers, available_cpus()) * DATA_WORKER_BYTES
 
 
 @dataclass(frozen=True)

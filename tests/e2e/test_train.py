@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from megatron.data.loaders import available_cpus
+from megatron.launching.merge import split_line
 from megatron.neox_arguments import NeoXArgs
 from tests.runs import deepy, explain, read_metrics, tiny_overrides
 
@@ -28,8 +30,9 @@ def assert_learned(train_records, min_drop=0.5):
 def test_two_processes_train_evaluate_save_and_resume(small_data, tmp_path):
     prefix, tok = small_data
     run = tmp_path / "run"
+    # one loader worker more than the CPUs: a warning both ranks print, three times each
     over = tiny_overrides(prefix, tok, run, train_iters=30, tensorboard_dir=str(run / "tb"),
-                          use_wandb=True)
+                          use_wandb=True, num_workers=available_cpus() + 1)
     port = next(o.split("=")[1] for o in over if o.startswith("master_port="))
     proc = deepy("train.py", "configs/tiny.yml", *over, env={"WANDB_MODE": "offline"})
     assert proc.returncode == 0, explain(proc)
@@ -54,8 +57,11 @@ def test_two_processes_train_evaluate_save_and_resume(small_data, tmp_path):
     for noise in ("steps: ", "SEED_LAYERS", "Using topology", "stage=0 layers=",
                   "Setting accelerator to CPU", "--neox_args"):
         assert noise not in proc.stdout + proc.stderr, noise
-    warnings = [ln.split("] ", 1)[-1] for ln in proc.stderr.splitlines() if "WARNING" in ln]
-    assert len(warnings) == len(set(warnings)), warnings  # each warning once
+    # each warning once, naming the ranks that printed it
+    warnings = [split_line(ln)[2] for ln in proc.stderr.splitlines() if "WARNING" in ln]
+    assert len(warnings) == len(set(warnings)), warnings
+    clamp = [ln for ln in proc.stderr.splitlines() if "available CPUs; using" in ln]
+    assert len(clamp) == 1 and clamp[0].startswith("[ranks 0-1] "), clamp
     ckpt = run / "ckpt"
     assert (ckpt / "latest").read_text().strip() == "global_step30"
     assert sorted(p.name for p in ckpt.iterdir()) == ["global_step10", "global_step20",

@@ -1,0 +1,153 @@
+"""The workers' output as deepy.py prints it: a warning that several ranks print alike is printed
+once, naming the ranks; everything else passes through as it comes.
+
+    merger = WarningMerger(sys.stderr, ranks=range(8))
+    merger.feed(rank, "[rank 3] [12:00:01] [WARNING] [megatron.data.loaders] num_workers=2 ...")
+    ...
+    merger.close()                        # prints what is still held
+
+    [ranks 0-7] [12:00:01] [WARNING] [megatron.data.loaders] num_workers=2 exceeds the 1 ...
+
+A warning line (this project's `[WARNING]` / `[ERROR]` log lines, DeepSpeed's, any line with
+`Warning:`) is held up to `window` seconds, or until every rank has printed it, and then printed
+once with the ranks that printed it; its text without the rank and the time stamps is what makes
+two lines alike. A line from one rank only keeps its own `[rank R]`. Lines may come behind a
+launcher's `host: ` prefix (pdsh) and may name several ranks already (`[ranks 0-3]`, a node
+launcher's merge); the merged line names every rank, without the host.
+
+`pipe_lines` copies a worker's pipe to its stream: whole lines through the merger, and a
+carriage-return update (a progress bar redrawing itself) straight through.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import re
+import threading
+import time
+from typing import Iterable, TextIO
+
+from megatron.monitoring.logger import who
+
+WINDOW_SECONDS = 1.0
+HOST_PREFIX = re.compile(r"^(?P<host>[\w.\-]+): (?=\[)")
+RANKS_PREFIX = re.compile(r"^\[ranks? (?P<ranks>[\d, \-]+)\] ")
+STAMPS = re.compile(r"^(?:\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)?\] |\[\d\d:\d\d:\d\d\] )")
+WARNING = re.compile(r"\[(?:WARNING|ERROR)\]|\bWarning: ")
+
+
+def parse_ranks(text: str) -> set[int]:
+    """{0, 2, 3, 4} for '0, 2-4' (the inverse of logger.who)."""
+    ranks: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        ranks.update(range(int(first), int(last or first) + 1))
+    return ranks
+
+
+def split_line(line: str) -> tuple[set[int] | None, str, str]:
+    """(the ranks the line names, its time stamp, the rest): '[rank 3] [12:00:01] [WARNING] x'
+    -> ({3}, '[12:00:01] ', '[WARNING] x'); a host prefix is dropped."""
+    host = HOST_PREFIX.match(line)
+    if host:
+        line = line[host.end():]
+    ranks = None
+    m = RANKS_PREFIX.match(line)
+    if m:
+        ranks, line = parse_ranks(m["ranks"]), line[m.end():]
+    stamp = STAMPS.match(line)
+    return ranks, (stamp.group(0) if stamp else ""), line[stamp.end():] if stamp else line
+
+
+class WarningMerger:
+    """Holds warning lines briefly to print each once with the ranks that printed it."""
+
+    def __init__(self, out: TextIO, ranks: Iterable[int], window: float = WINDOW_SECONDS):
+        self.out, self.expected, self.window = out, set(ranks), window
+        self._held: dict[str, list] = {}  # text -> [ranks, stamp, first line, deadline]
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._timer = threading.Thread(target=self._flush_loop, name="warning-merger",
+                                       daemon=True)
+        self._timer.start()
+
+    def feed(self, rank: int | None, line: str) -> None:
+        """One line from the worker of global rank `rank` (None: a launcher's mixed stream)."""
+        ranks, stamp, text = split_line(line)
+        ranks = ranks or ({rank} if rank is not None else None)
+        if not ranks or not WARNING.search(text):
+            self._write(line)
+            return
+        with self._lock:
+            entry = self._held.get(text)
+            if entry is None:
+                self._held[text] = [set(ranks), stamp, line, time.monotonic() + self.window]
+            else:
+                entry[0] |= ranks
+            if self._held[text][0] >= self.expected:
+                self._print(text, self._held.pop(text))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._timer.join()
+        with self._lock:
+            for text in list(self._held):
+                self._print(text, self._held.pop(text))
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self.window / 4):
+            now = time.monotonic()
+            with self._lock:
+                for text in [t for t, e in self._held.items() if e[3] <= now]:
+                    self._print(text, self._held.pop(text))
+
+    def _print(self, text: str, entry: list) -> None:
+        ranks, stamp, first, _ = entry
+        self._write(first if len(ranks) == 1 else f"[{who(sorted(ranks))}] {stamp}{text}")
+
+    def _write(self, line: str) -> None:
+        self.out.write(line + "\n")
+        self.out.flush()
+
+
+def pipe_lines(fd: int, out: TextIO, merger: WarningMerger | None, rank: int | None) -> None:
+    """Copy the pipe `fd` to `out` until it closes: lines through `merger`, carriage-return
+    updates as they are. Closes `fd`."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pending, redrawing = "", False
+    try:
+        while True:
+            chunk = os.read(fd, 65536)
+            pending += decoder.decode(chunk, final=not chunk)
+            if not chunk:
+                break
+            for piece, end in _pieces(pending):
+                if end == "\r" or redrawing:  # a progress bar redrawing its line
+                    _put(out, piece + end)
+                    redrawing = end == "\r"
+                elif merger is not None:
+                    merger.feed(rank, piece)
+                else:
+                    _put(out, piece + "\n")
+            pending = pending[max(pending.rfind("\n"), pending.rfind("\r")) + 1:]
+            if redrawing and pending:  # the bar as it is now, not at its next redraw
+                _put(out, pending)
+                pending = ""
+    finally:
+        if pending:
+            _put(out, pending)
+        os.close(fd)
+
+
+def _pieces(text: str):
+    """(piece, "\n" or "\r") for each terminated piece of `text`."""
+    start = 0
+    for m in re.finditer(r"[\r\n]", text):
+        yield text[start:m.start()], m.group(0)
+        start = m.end()
+
+
+def _put(out: TextIO, text: str) -> None:
+    out.write(text)
+    out.flush()

@@ -1,0 +1,49 @@
+"""Warnings several ranks print alike become one line naming the ranks; the rest of the workers'
+output (progress bars redrawn with carriage returns included) passes through unchanged."""
+
+import io
+import os
+import time
+
+from megatron.launching.merge import WarningMerger, parse_ranks, pipe_lines, split_line
+
+
+def test_a_line_splits_into_its_ranks_time_stamp_and_text():
+    assert split_line("node-a: [ranks 0-3, 8] [12:00:01] [WARNING] [x] hi") == \
+        ({0, 1, 2, 3, 8}, "[12:00:01] ", "[WARNING] [x] hi")
+    assert split_line("[rank 2] [12:00:01] [INFO] [x] hi") == ({2}, "[12:00:01] ", "[INFO] [x] hi")
+    assert split_line("[2026-11-25 21:40:19,833] [WARNING] [ds.py:1:f] hi") == \
+        (None, "[2026-11-25 21:40:19,833] ", "[WARNING] [ds.py:1:f] hi")
+    assert split_line(" iteration 10/20 | lm_loss 2.1") == (None, "", " iteration 10/20 | lm_loss 2.1")
+    assert parse_ranks("0, 2-4") == {0, 2, 3, 4}
+
+
+def test_warnings_alike_are_printed_once_with_their_ranks_and_other_lines_at_once():
+    out = io.StringIO()
+    merger = WarningMerger(out, range(4), window=0.3)
+    merger.feed(0, "[rank 0] [12:00:01] [WARNING] [a] same")
+    merger.feed(1, "[rank 1] [12:00:02] [WARNING] [a] same")  # another second: still alike
+    merger.feed(0, "[rank 0] [12:00:02] [INFO] [a] not a warning")
+    merger.feed(None, "node-b: [ranks 2-3] [12:00:01] [WARNING] [a] same")  # all 4: out at once
+    assert out.getvalue().splitlines() == ["[rank 0] [12:00:02] [INFO] [a] not a warning",
+                                           "[ranks 0-3] [12:00:01] [WARNING] [a] same"]
+    merger.feed(3, "[rank 3] [12:00:05] [WARNING] [a] only here")
+    merger.feed(1, "[rank 1] [12:00:05] [WARNING] [a] two of four")
+    merger.feed(2, "[rank 2] [12:00:06] [WARNING] [a] two of four")
+    time.sleep(0.6)  # past the window: printed with the ranks seen so far
+    merger.close()
+    assert out.getvalue().splitlines()[2:] == ["[rank 3] [12:00:05] [WARNING] [a] only here",
+                                               "[ranks 1-2] [12:00:05] [WARNING] [a] two of four"]
+
+
+def test_a_pipe_passes_lines_through_the_merger_and_progress_bars_as_they_are():
+    r, w = os.pipe()
+    os.write(w, "a line\n\rbar 1/2 █".encode())
+    os.write(w, "\rbar 2/2 ██\nafter\n[rank 0] [12:00:00] [WARNING] [x] w\n".encode())
+    os.close(w)
+    out = io.StringIO()
+    merger = WarningMerger(out, [0, 1], window=0.1)
+    pipe_lines(r, out, merger, 0)
+    merger.close()
+    assert out.getvalue() == ("a line\n\rbar 1/2 █\rbar 2/2 ██\nafter\n"
+                              "[rank 0] [12:00:00] [WARNING] [x] w\n")
