@@ -5,7 +5,9 @@ Each worker gets the variables DeepSpeed's per-node launcher would set: RANK, LO
 WORLD_SIZE, LOCAL_SIZE, CROSS_RANK (this node's index), CROSS_SIZE (nodes), MASTER_ADDR,
 MASTER_PORT and the device list (CUDA_VISIBLE_DEVICES), plus NEOX_LAUNCH_ID, the tag by which
 leftovers are found. Workers run in their own session and get SIGTERM should deepy.py itself
-die (Linux's parent-death signal), so none outlives it.
+die (Linux's parent-death signal), so none outlives it. Their stdout and stderr come back
+through pipes and are printed as they come, except that a warning several ranks print alike is
+printed once, naming them (megatron.launching.merge).
 
 When a worker fails on its own, one line per failed worker says which, where and how:
 
@@ -219,6 +221,7 @@ class _Watch:
             print(f"{what.format(n=len(alive))}: SIGTERM, then SIGKILL after "
                   f"{FAILURE_GRACE_SECONDS:g} s", file=sys.stderr, flush=True)
             send(alive, signal.SIGTERM)
+            send(alive, signal.SIGCONT)  # a stopped worker acts on it (and finds its peer gone)
         self.deadline = time.monotonic() + FAILURE_GRACE_SECONDS
 
     def _kill_the_rest(self, signals: DeepySignals) -> None:
