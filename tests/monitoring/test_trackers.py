@@ -99,6 +99,22 @@ def test_wandb_runs_against_the_configured_host(tmp_path, netrc, monkeypatch, wa
                         f"to {HOST}"]
 
 
+def test_wandb_without_credentials_logs_offline_and_says_how_to_sync(tmp_path, netrc,
+                                                                     monkeypatch, warnings):
+    """A2: use_wandb on, but no key, no .netrc entry for the host and WANDB_MODE unset on the
+    worker: the run logs offline (nothing hangs on a login) and the warning says so."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    tracker = _tracker(tmp_path, DEFAULT_WANDB_HOST)  # the .netrc has no api.wandb.ai entry
+    try:
+        assert tracker._wandb.settings.mode == "offline"
+        tracker.log({"lm_loss": 1.0}, step=1)
+    finally:
+        tracker.close()
+    assert warnings == ["use_wandb is on but no wandb credentials for https://api.wandb.ai "
+                        "reached this worker (WANDB_API_KEY unset, no ~/.netrc entry for "
+                        "api.wandb.ai): logging offline; sync later with `wandb sync`"]
+
+
 @pytest.fixture
 def no_comet_key(tmp_path, monkeypatch):
     """No Comet API key anywhere: none in the environment, a HOME without ~/.comet.config."""

@@ -7,7 +7,9 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
+import pytest
 import torch
+import torch.distributed as dist
 
 from megatron.mpu.groups import ProcessGroups
 from megatron.mpu.initialize import collective_timeout, init_distributed
@@ -55,3 +57,24 @@ def test_every_group_gets_the_configured_timeout(tmp_path):
     for timeouts, _ in results:
         assert timeouts == dict.fromkeys(timeouts, timedelta(seconds=3)), timeouts
     assert "Timed out waiting 3000ms" in results[0][1]
+
+
+def _join_asking_for_nccl(rank, world):
+    import logging
+
+    from tests.logs import Warnings
+
+    handler = Warnings()
+    logging.getLogger("megatron.mpu.initialize").addHandler(handler)
+    init_distributed("nccl", 0.5)
+    dist.all_reduce(torch.ones(1))  # the group works
+    return dist.get_backend(), handler.messages
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback on a CPU-only machine")
+def test_nccl_without_cuda_falls_back_to_gloo_and_says_so():
+    """A6: distributed_backend nccl on a machine without CUDA joins over gloo with a warning."""
+    for backend, warnings in run_distributed(_join_asking_for_nccl, 2, join=False):
+        assert backend == "gloo"
+        assert "distributed_backend 'nccl' needs CUDA, which this machine lacks; using 'gloo'" \
+            in warnings
