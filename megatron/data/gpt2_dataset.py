@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
 from typing import Any
@@ -132,7 +133,9 @@ class GPT2Dataset(torch.utils.data.Dataset):
         bar.update()
         self.doc_idx, self.sample_idx, self.shuffle_idx = doc_idx, sample_idx, shuffle_idx
         self.index_built = True
-        logger.info("built %s indices in %.3f s", self.name, time.perf_counter() - start)
+        took = time.perf_counter() - start
+        logger.log(logging.INFO if took > 1.0 else logging.DEBUG, "built %s indices in %.3f s",
+                   self.name, took)
         try:
             os.makedirs(self.cache_dir, exist_ok=True)
             for kind, array in zip(_KINDS, (doc_idx, sample_idx, shuffle_idx)):

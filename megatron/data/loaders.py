@@ -10,6 +10,7 @@ Two ways to name data, as in GPT-NeoX:
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from typing import Any, Iterable, Iterator, NamedTuple, Sequence
@@ -121,9 +122,11 @@ def _check_split_size(name: str, parts: Sequence[_Part], open_prefix, seq_length
             "or lower the global batch (train_micro_batch_size_per_gpu x "
             "gradient_accumulation_steps x data-parallel size) or seq_length"
         )
-    logger.info("%s split: %d tokens = %d samples per epoch; %d samples requested -> %.2f "
-                "epochs", name, tokens, samples, num_samples,
-                num_samples / samples if samples else float("inf"))
+    # one dataset's own line says the same; a blend's total is worth a line of its own
+    logger.log(logging.INFO if len(parts) > 1 else logging.DEBUG,
+               "%s split: %d tokens = %d samples per epoch; %d samples requested -> %.2f "
+               "epochs", name, tokens, samples, num_samples,
+               num_samples / samples if samples else float("inf"))
 
 
 def _parts_per_split(data_path, paths, weights, split, weight_by_num_documents, open_prefix):

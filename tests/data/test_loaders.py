@@ -189,14 +189,21 @@ def test_blend_counts_the_samples_of_every_part(prefixes):
 
 
 def test_epochs_needed_are_logged_per_split(prefixes, caplog):
-    a, _ = prefixes
+    a, b = prefixes
     tokens = int(MMapIndexedDataset(a).sizes.sum())
     samples = (tokens - 1) // 8
-    with caplog.at_level(logging.INFO, logger="megatron"):
+    with caplog.at_level(logging.DEBUG, logger="megatron"):
         build(data_path=a, split="1", train_valid_test_num_samples=(3 * samples, 0, 0))
-    assert (f"train split: {tokens} tokens = {samples} samples per epoch; {3 * samples} "
-            "samples requested -> 3.00 epochs") in caplog.text
-    assert "-> 3 epoch(s)" in caplog.text  # GPT2Dataset: the whole epochs it built
+    split_line = (f"train split: {tokens} tokens = {samples} samples per epoch; {3 * samples} "
+                  "samples requested -> 3.00 epochs")
+    # one dataset: its own line (INFO) says it, the split's total is a debug line
+    assert [r.levelname for r in caplog.records if r.getMessage() == split_line] == ["DEBUG"]
+    assert any("-> 3 epoch(s)" in r.getMessage() and r.levelname == "INFO"
+               for r in caplog.records)  # GPT2Dataset: the whole epochs it built
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="megatron"):  # a blend: the total at INFO
+        build(train_data_paths=[a, b], train_valid_test_num_samples=(10, 0, 0))
+    assert any(r.getMessage().startswith("train split: ") for r in caplog.records)
 
 
 def test_loader_clamps_num_workers_with_a_warning(prefixes, caplog):
