@@ -46,19 +46,27 @@ def small_data(tmp_path_factory):
     return build_small_dataset(tmp_path_factory.mktemp("data"))
 
 
+# Every process this test session starts inherits this tag, so that the cleanup below finds the
+# session's own leftovers and never another session's runs.
+SESSION_TAG = "NEOX_TEST_SESSION"
+os.environ[SESSION_TAG] = f"{os.getpid()}-{os.urandom(4).hex()}"
+
+
 @pytest.fixture(autouse=True)
 def _no_leftover_workers():
-    """After each test, kill what a launch left running: a test that timed out kills deepy.py
-    only, and its workers would otherwise load the cores for the rest of the session."""
+    """After each test, kill what a launch of this session left running: a test that timed out
+    kills deepy.py only, and its workers would otherwise load the cores for the rest of the
+    session."""
     yield
     import psutil
 
     from megatron.launching.stopping import LAUNCH_ID_VAR
 
-    me, left = os.getpid(), []
+    me, left, tag = os.getpid(), [], os.environ[SESSION_TAG]
     for proc in psutil.process_iter():
         try:
-            if proc.pid != me and LAUNCH_ID_VAR in proc.environ():
+            env = proc.environ() if proc.pid != me else {}
+            if LAUNCH_ID_VAR in env and env.get(SESSION_TAG) == tag:
                 proc.kill()
                 left.append(proc)
         except (psutil.Error, OSError):

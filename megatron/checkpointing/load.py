@@ -30,13 +30,16 @@ from megatron.monitoring.logger import get_logger
 
 log = get_logger(__name__)
 
+LOADED_FROM = "loaded_from"  # key of the returned dict: the step directory that was loaded
+
 
 def load_checkpoint(engine, ck) -> dict:
     """Load `ck.load` (its newest valid checkpoint, or the chosen `ck.iteration`) into the
     engine; `ck` is the checkpoint section of the config, `engine.run` describes the run.
 
-    Returns the saved client state (iteration, consumed samples, ...); {} when there is nothing
-    to load or with `finetune` (weights only, iteration count restarts). `no_load_optim` keeps
+    Returns the saved client state (iteration, consumed samples, ...) and, under LOADED_FROM,
+    the step directory loaded; {} when there is nothing to load, only LOADED_FROM with
+    `finetune` (weights only, iteration count restarts). `no_load_optim` keeps
     the fresh optimizer and LR schedule, `no_load_rng` the seeded generators. Collective.
     """
     if not ck.load:
@@ -109,9 +112,10 @@ def _load(engine, ck, root: Path, tag: str, manifest: Manifest, changes: list[st
         if not (ck.finetune or ck.no_load_rng):
             _restore_rng(engine, root / tag, manifest)
     log.info("loaded checkpoint %s (iteration %d)", root / tag, manifest.iteration)
+    loaded = {LOADED_FROM: str((root / tag).absolute())}
     if ck.finetune:
-        return {}
-    return data_position.resumed_state(manifest.client_state)
+        return loaded
+    return {**data_position.resumed_state(manifest.client_state), **loaded}
 
 
 def _load_resharded(engine, ck, directory: Path, manifest: Manifest, changes: list[str],

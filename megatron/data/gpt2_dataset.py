@@ -36,7 +36,8 @@ _KINDS = ("doc", "sample", "shuffle")
 
 
 class GPT2Dataset(torch.utils.data.Dataset):
-    """Samples `{"text": int64[seq_length + 1]}` from `documents` of `indexed_dataset`.
+    """Samples `{"text": int64[seq_length + 1]}` from `documents` of `indexed_dataset`, and
+    `"label"` the same positions of the label file `labels` when there is one.
 
     `documents` are item numbers of the indexed dataset (one item per document in files from
     `preprocess_data.py`). `len(self)` is every sample the epochs hold, at least `num_samples`.
@@ -46,10 +47,11 @@ class GPT2Dataset(torch.utils.data.Dataset):
     def __init__(self, name: str, data_prefix: str, documents: np.ndarray,
                  indexed_dataset: MMapIndexedDataset, num_samples: int, seq_length: int,
                  seed: int, cache_dir: str | None = None, build_index_mappings: bool = True,
-                 group: Any = None):
+                 group: Any = None, labels: MMapIndexedDataset | None = None):
         self.name = name
         self.data_prefix = str(data_prefix)
         self.indexed_dataset = indexed_dataset
+        self.labels = labels  # a label file (megatron.data.aligned), read like the tokens
         self.documents = np.asarray(documents, dtype=np.int64)
         self.num_samples, self.seq_length, self.seed = int(num_samples), int(seq_length), int(seed)
         self.cache_dir = cache_dir if cache_dir is not None else os.path.dirname(
@@ -167,8 +169,8 @@ class GPT2Dataset(torch.utils.data.Dataset):
 
     # -- access ----------------------------------------------------------------------------------
     def indexed_datasets(self) -> list[MMapIndexedDataset]:
-        """The token file this dataset reads (for fingerprints, A17)."""
-        return [self.indexed_dataset]
+        """The token file this dataset reads, and its label file (for fingerprints, A17)."""
+        return [self.indexed_dataset] + ([self.labels] if self.labels is not None else [])
 
     def __len__(self) -> int:
         if self.shuffle_idx is None:
@@ -181,15 +183,22 @@ class GPT2Dataset(torch.utils.data.Dataset):
         if not -n <= idx < n:
             raise IndexError(f"sample {idx} out of range for dataset {self.name!r} of {n} samples")
         i = int(self.shuffle_idx[idx])
+        sample = {"text": self._read(self.indexed_dataset, i)}
+        if self.labels is not None:
+            sample["label"] = self._read(self.labels, i)
+        return sample
+
+    def _read(self, indexed: MMapIndexedDataset, i: int) -> np.ndarray:
+        """Sample i (unshuffled) of `indexed`: the token file or its label file."""
         (first, start), (last, end) = self.sample_idx[i], self.sample_idx[i + 1]
-        get = self.indexed_dataset.get
+        get = indexed.get
         if first == last:
             parts = [get(self.doc_idx[first], offset=int(start), length=int(end - start + 1))]
         else:
             parts = [get(self.doc_idx[first], offset=int(start))]
             parts += [get(self.doc_idx[j]) for j in range(first + 1, last)]
             parts.append(get(self.doc_idx[last], length=int(end + 1)))
-        return {"text": np.concatenate(parts).astype(np.int64)}
+        return np.concatenate(parts).astype(np.int64)
 
 
 def _save_atomic(path: str, array: np.ndarray) -> None:

@@ -18,8 +18,12 @@ Byte layout of `P.idx` (all integers little-endian, no padding anywhere):
 
 dtype codes (GPT-NeoX's table): 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float64,
 8 uint16. (GPT-NeoX wrote 6 as numpy's old `np.float`, which is float64, and 7 as `np.double`;
-Megatron-core reads 7 as float32. Token files only ever use the integer codes; the writer refuses
-any other dtype.)
+Megatron-core reads 7 as float32.) Token files use the unsigned or non-negative integer codes.
+Two other kinds of file share the format, written with `values=`:
+- label files (post-training; GPT-NeoX's convention): int32, one label per token of the token
+  file beside them, the token's id where it carries loss and -100 (IGNORE_LABEL) where it does
+  not;
+- reward files (KTO): float64 (code 6), one value per document.
 
 `P.bin` is the items' tokens back to back in the index's dtype, in native little-endian order:
 item i occupies bytes [pointers[i], pointers[i] + sizes[i] * itemsize). Its size is exactly
@@ -61,8 +65,10 @@ DTYPES: dict[int, type] = {
     8: np.uint16,
 }
 _WRITABLE_CODES: dict[type, int] = {
-    np.uint8: 1, np.int8: 2, np.int16: 3, np.int32: 4, np.int64: 5, np.uint16: 8,
+    np.uint8: 1, np.int8: 2, np.int16: 3, np.int32: 4, np.int64: 5, np.uint16: 8, np.float64: 6,
 }
+IGNORE_LABEL = -100  # a label file's value at a position that carries no loss
+VALUE_KINDS = {"tokens": None, "labels": np.int32, "rewards": np.float64}
 
 
 def data_file_path(prefix: str) -> str:
@@ -396,9 +402,15 @@ class MMapIndexedDatasetBuilder:
     dtype and the file.
     """
 
-    def __init__(self, out_file: str, dtype: Any = np.int64):
+    def __init__(self, out_file: str, dtype: Any = np.int64, values: str = "tokens"):
+        if values not in VALUE_KINDS:
+            raise ValueError(f"values must be one of {sorted(VALUE_KINDS)}, got {values!r}")
         self._out_file = str(out_file)
-        self._dtype = np.dtype(dtype).type
+        self._values = values
+        self._dtype = np.dtype(VALUE_KINDS[values] or dtype).type
+        if values == "tokens" and not np.issubdtype(self._dtype, np.integer):
+            raise ValueError(f"token dtype {np.dtype(self._dtype).name} cannot be written; token "
+                             "ids are integers")
         dtype_code(self._dtype)  # refuse dtypes the format cannot name
         self._tmp_suffix = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._tmp_bin = self._out_file + self._tmp_suffix
@@ -443,9 +455,19 @@ class MMapIndexedDatasetBuilder:
         array = np.asarray(tokens).reshape(-1)
         if array.size == 0:
             return np.empty(0, dtype=self._dtype)
+        if self._values == "rewards":
+            if not np.all(np.isfinite(array.astype(np.float64))):
+                raise ValueError(f"{self._out_file}: rewards in {where} must be finite numbers")
+            return np.ascontiguousarray(array, dtype=self._dtype)
         if not np.issubdtype(array.dtype, np.integer):
             raise ValueError(f"{self._out_file}: token ids must be integers, got {array.dtype}")
         info = np.iinfo(self._dtype)
+        if self._values == "labels":
+            bad = array[(array < 0) & (array != IGNORE_LABEL)]
+            if bad.size:
+                raise ValueError(f"{self._out_file}: label {int(bad[0])} in {where} is neither a "
+                                 f"token id (>= 0) nor {IGNORE_LABEL} (no loss)")
+            array = np.where(array == IGNORE_LABEL, 0, array)  # for the range check below
         lo, hi = int(array.min()), int(array.max())
         if lo < max(info.min, 0) or hi > info.max:
             bad = lo if lo < max(info.min, 0) else hi
@@ -454,7 +476,7 @@ class MMapIndexedDatasetBuilder:
                 f"{np.dtype(self._dtype).name} (ids must be in 0..{info.max}); build with a "
                 "vocab_size that covers the tokenizer's largest id"
             )
-        return np.ascontiguousarray(array, dtype=self._dtype)
+        return np.ascontiguousarray(np.asarray(tokens).reshape(-1), dtype=self._dtype)
 
     def end_document(self) -> None:
         """Mark the items added since the last call as one document."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -22,6 +23,8 @@ from megatron.data import sample_index
 from megatron.data.blendable_dataset import BlendableDataset, normalize_weights
 from megatron.data.fingerprints import (check_datasets_unchanged,  # noqa: F401 (re-exported)
                                         compare_fingerprints, dataset_fingerprints)
+from megatron.data.aligned import check_pair, open_labels, read_rewards
+from megatron.data.document_dataset import DocumentDataset, PairwiseDataset
 from megatron.data.gpt2_dataset import GPT2Dataset
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.data.samplers import PretrainingSampler
@@ -35,11 +38,26 @@ _BLEND_MARGIN = 1.005
 
 
 class _Part(NamedTuple):
-    """One dataset inside a split."""
+    """One dataset inside a split: its token file and the files that go with it ("label",
+    "reward"; for pairs "neg", "pos_label" and "neg_label", the token file being the chosen
+    side)."""
 
     name: str
     prefix: str
     documents: np.ndarray
+    files: dict = {}
+
+
+@dataclass(frozen=True)
+class SampleOptions:
+    """How a split's documents become samples, and the files beside the token files (each a
+    (train, valid, test) triple of lists parallel to the *_data_paths, or None)."""
+
+    dataset_impl: str = "gpt2"
+    pack_impl: str = "packed"
+    allow_chopped: bool = True
+    pad_id: int = 0
+    side_files: dict = field(default_factory=dict)  # "label"/"reward"/"neg"/... -> triple
 
 
 def build_train_valid_test_datasets(
@@ -54,7 +72,7 @@ def build_train_valid_test_datasets(
     split: str = "969, 30, 1", seq_length: int, seed: int,
     train_valid_test_num_samples: Sequence[int], cache_dir: str | None = None,
     skip_warmup: bool = True, vocab_size: int | None = None, group: Any = None,
-    global_batch_size: int | None = None,
+    global_batch_size: int | None = None, options: SampleOptions = SampleOptions(),
 ) -> tuple[Any, Any, Any]:
     """(train, valid, test) datasets; None for a split asked for 0 samples or given no data.
 
@@ -83,11 +101,12 @@ def build_train_valid_test_datasets(
     per_split = _parts_per_split(
         data_path, [train_data_paths, valid_data_paths, test_data_paths],
         [train_data_weights, valid_data_weights, test_data_weights],
-        split, weight_by_num_documents, open_prefix)
+        split, weight_by_num_documents, open_prefix, options.side_files)
     common = dict(seq_length=seq_length, seed=seed, cache_dir=cache_dir, group=group,
                   weight_by_num_documents=weight_by_num_documents,
                   alpha=weighted_sampler_alpha, open_prefix=open_prefix,
-                  global_batch_size=None if global_batch_size is None else int(global_batch_size))
+                  global_batch_size=None if global_batch_size is None else int(global_batch_size),
+                  options=options)
     result = []
     for name, n, (parts, weights) in zip(SPLIT_NAMES, num_samples, per_split):
         if n == 0 or not parts:
@@ -129,7 +148,8 @@ def _check_split_size(name: str, parts: Sequence[_Part], open_prefix, seq_length
                num_samples / samples if samples else float("inf"))
 
 
-def _parts_per_split(data_path, paths, weights, split, weight_by_num_documents, open_prefix):
+def _parts_per_split(data_path, paths, weights, split, weight_by_num_documents, open_prefix,
+                     side_files=None):
     """[(parts, weights)] for train, valid and test, before any weight_by_num_documents."""
     if data_path and any(paths):
         raise ValueError("give either data_path or train/valid/test_data_paths, not both")
@@ -158,8 +178,11 @@ def _parts_per_split(data_path, paths, weights, split, weight_by_num_documents, 
         if split_weights is not None and weight_by_num_documents:
             logger.warning("%s_data_weights are ignored: weight_by_num_documents derives the "
                            "weights from document counts", name)
+        s = SPLIT_NAMES.index(name)
         parts = [_Part(f"{name}_{i}" if len(split_paths) > 1 else name, p,
-                       np.arange(len(open_prefix(p)), dtype=np.int64))
+                       np.arange(len(open_prefix(p)), dtype=np.int64),
+                       {kind: str(triple[s][i]) for kind, triple in (side_files or {}).items()
+                        if triple[s] is not None})
                  for i, p in enumerate(split_paths)]
         out.append((parts, list(split_weights) if split_weights is not None
                     else [1.0] * len(parts)))
@@ -167,7 +190,7 @@ def _parts_per_split(data_path, paths, weights, split, weight_by_num_documents, 
 
 
 def _build_split(name, parts, weights, num_samples, *, seq_length, seed, cache_dir, group,
-                 weight_by_num_documents, alpha, open_prefix, global_batch_size):
+                 weight_by_num_documents, alpha, open_prefix, global_batch_size, options):
     """One GPT2Dataset, or a BlendableDataset over several."""
     names = [p.name for p in parts]
     if weight_by_num_documents:
@@ -178,18 +201,42 @@ def _build_split(name, parts, weights, num_samples, *, seq_length, seed, cache_d
         logger.info("%s: %s have weight 0 and are not read", name, ", ".join(unused))
         parts, weights = zip(*[(p, w) for p, w in zip(parts, weights) if w > 0])
         names = [p.name for p in parts]
-    _check_split_size(name, parts, open_prefix, seq_length, num_samples, global_batch_size)
+    if options.pack_impl == "packed":
+        _check_split_size(name, parts, open_prefix, seq_length, num_samples, global_batch_size)
+
+    def build(part, n):
+        return _part_dataset(part, n, seq_length=seq_length, seed=seed, cache_dir=cache_dir,
+                             group=group, open_prefix=open_prefix, options=options)
+
     if len(parts) == 1:
-        part = parts[0]
-        return GPT2Dataset(part.name, part.prefix, part.documents, open_prefix(part.prefix),
-                           num_samples, seq_length, seed, cache_dir=cache_dir, group=group)
-    datasets = [
-        GPT2Dataset(part.name, part.prefix, part.documents, open_prefix(part.prefix),
-                    max(1, math.ceil(num_samples * w * _BLEND_MARGIN)), seq_length, seed,
-                    cache_dir=cache_dir, group=group)
-        for part, w in zip(parts, weights)
-    ]
+        return build(parts[0], num_samples)
+    datasets = [build(part, max(1, math.ceil(num_samples * w * _BLEND_MARGIN)))
+                for part, w in zip(parts, weights)]
     return BlendableDataset(datasets, weights, num_samples=num_samples, names=names)
+
+
+def _part_dataset(part: _Part, num_samples: int, *, seq_length, seed, cache_dir, group,
+                  open_prefix, options: SampleOptions):
+    """The dataset of one part: packed token stream (GPT2Dataset), whole documents
+    (DocumentDataset) or chosen/rejected pairs (PairwiseDataset), with the files beside it."""
+    tokens = open_prefix(part.prefix)
+    side = {kind: path for kind, path in part.files.items()}
+    if options.dataset_impl == "pairwise":
+        neg = open_prefix(side["neg"])
+        check_pair(tokens, neg)
+        labels = [open_labels(side[k], t) if k in side else None
+                  for k, t in (("label", tokens), ("neg_label", neg))]
+        return PairwiseDataset(part.name, part.prefix, part.documents, tokens, neg, num_samples,
+                               seq_length, seed, options.pack_impl, options.allow_chopped,
+                               labels[0], labels[1], pad_id=options.pad_id)
+    labels = open_labels(side["label"], tokens) if "label" in side else None
+    if options.pack_impl == "packed":
+        return GPT2Dataset(part.name, part.prefix, part.documents, tokens, num_samples,
+                           seq_length, seed, cache_dir=cache_dir, group=group, labels=labels)
+    rewards = read_rewards(side["reward"], tokens) if "reward" in side else None
+    return DocumentDataset(part.name, part.prefix, part.documents, tokens, num_samples,
+                           seq_length, seed, options.pack_impl, options.allow_chopped, labels,
+                           rewards, pad_id=options.pad_id)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -223,11 +270,13 @@ def clamp_num_workers(num_workers: int) -> int:
 
 
 def collate_text(samples: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
-    """Stack samples into {"text": LongTensor [b, s + 1]}."""
-    lengths = {len(s["text"]) for s in samples}
+    """Stack samples into {key: tensor [b, s + 1]} for each key of the samples ("text", and
+    "label", "segment", "reward", "pos", ... where the dataset gives them)."""
+    lengths = {len(v) for s in samples for v in s.values()}
     if len(lengths) != 1:
         raise ValueError(f"samples of one batch have different lengths {sorted(lengths)}")
-    return {"text": torch.from_numpy(np.stack([s["text"] for s in samples])).long()}
+    return {key: torch.from_numpy(np.stack([s[key] for s in samples]))
+            for key in samples[0]}
 
 
 def build_data_loader(dataset, consumed_samples: int, micro_batch_size: int,

@@ -52,3 +52,27 @@ def get_ltor_masks_and_position_ids(data: torch.Tensor, eod_token: int,
         causal = torch.ones(s, s, dtype=torch.bool, device=data.device).tril()
         attention_mask = (same_doc & causal).unsqueeze(1)  # [b, 1, s, s]
     return LtorMasks(loss_mask, position_ids.long(), attention_mask)
+
+
+def segment_position_ids_and_mask(segments: torch.Tensor, reset_position_ids: bool = False,
+                                  reset_attention_mask: bool = False
+                                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(position_ids [b, s], attention mask [b, 1, s, s] or None) for inputs whose documents are
+    numbered by `segments` [b, s] (0, 1, ... per sample, -1 on padding), as samples of whole
+    documents give them: the same resets as above, at the documents' known boundaries instead of
+    at EOD tokens."""
+    b, s = segments.shape
+    arange = torch.arange(s, device=segments.device)
+    if reset_position_ids:
+        new = torch.ones_like(segments, dtype=torch.bool)
+        new[:, 1:] = segments[:, 1:] != segments[:, :-1]
+        starts = torch.cummax(torch.where(new, arange, torch.zeros_like(arange)), dim=1).values
+        position_ids = arange.unsqueeze(0) - starts
+    else:
+        position_ids = arange.unsqueeze(0).expand(b, s).clone()
+    mask = None
+    if reset_attention_mask:
+        same = segments.unsqueeze(2) == segments.unsqueeze(1)  # [b, s, s] (query, key)
+        causal = torch.ones(s, s, dtype=torch.bool, device=segments.device).tril()
+        mask = (same & causal).unsqueeze(1)
+    return position_ids.long(), mask

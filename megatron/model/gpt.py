@@ -154,8 +154,10 @@ def _run_layers(layers: list[nn.Module]):
 
 
 def build_pipeline_model(config, topology, partition_method: str,
-                         recompute: Recompute | None = None, tp: TensorParallel = NO_TP):
-    """The model as a DeepSpeed PipelineModule over `topology` (a PipeModelDataParallelTopology).
+                         recompute: Recompute | None = None, tp: TensorParallel = NO_TP,
+                         loss_fn=None):
+    """The model as a DeepSpeed PipelineModule over `topology` (a PipeModelDataParallelTopology)
+    whose last stage computes `loss_fn(output, targets)` (default: the language-model loss).
 
     With `recompute`, DeepSpeed checkpoints each run of `recompute.num_layers` consecutive
     layers of a stage; a run that holds a layer other than a transformer layer (embedding,
@@ -166,7 +168,7 @@ def build_pipeline_model(config, topology, partition_method: str,
     return PipelineModule(
         layers=build_layer_specs(config, tp),
         topology=topology,
-        loss_fn=LMLoss(tp),
+        loss_fn=loss_fn if loss_fn is not None else LMLoss(tp),
         partition_method=partition_method,
         activation_checkpoint_interval=recompute.num_layers if recompute is not None else 0,
         activation_checkpoint_func=recompute if recompute is not None else Recompute(1, tp),

@@ -10,9 +10,9 @@ from megatron.mpu.groups import TensorParallel
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, labels, tp):
+    def forward(ctx, logits, labels, tp, fp32=True):
         # logits: [b, s, V/tp] (this rank's vocab slice), labels: [b, s] full-vocab ids
-        logits = logits.float()
+        logits = logits.float() if fp32 else logits.clone()
         per_rank = logits.shape[-1]
         start = tp.rank * per_rank
         max_logit = logits.max(dim=-1, keepdim=True).values
@@ -34,13 +34,15 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         grad_logits = softmax.clone()
         inside = (~outside).to(grad_logits.dtype)
         grad_logits.scatter_add_(-1, local.unsqueeze(-1), -inside.unsqueeze(-1))
-        return grad_logits * grad.unsqueeze(-1), None, None
+        return (grad_logits * grad.unsqueeze(-1)).to(grad.dtype), None, None, None
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
-                                 tp: TensorParallel) -> torch.Tensor:
-    """Per-token loss [b, s] for logits split over the vocabulary ([b, s, V/tp] on each rank)."""
+                                 tp: TensorParallel, fp32: bool = True) -> torch.Tensor:
+    """Per-token loss [b, s] for logits split over the vocabulary ([b, s, V/tp] on each rank),
+    computed in fp32 (or, with `fp32` false, in the logits' own dtype)."""
     if not tp.enabled:
         return torch.nn.functional.cross_entropy(
-            logits.float().flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
-    return _VocabParallelCrossEntropy.apply(logits, labels, tp)
+            (logits.float() if fp32 else logits).flatten(0, 1), labels.flatten(),
+            reduction="none").view(labels.shape)
+    return _VocabParallelCrossEntropy.apply(logits, labels, tp, fp32)

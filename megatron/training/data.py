@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from megatron.data.loaders import build_data_loader, build_train_valid_test_datasets
+from megatron.data.loaders import (SampleOptions, build_data_loader,
+                                   build_train_valid_test_datasets)
 from megatron.monitoring.logger import get_logger
-from megatron.training.batch import BatchOptions, model_inputs
+from megatron.training.objectives import BatchOptions, Objective
 
 log = get_logger(__name__)
 
@@ -30,34 +31,68 @@ def sample_counts(args) -> SampleCounts:
                         test=t.eval_iters * gbs)
 
 
-def build_datasets(args, counts: SampleCounts, vocab_size: int):
+def sample_options(args, pad_id: int = 0) -> SampleOptions:
+    """How documents become samples, and the label/reward/rejected files beside the token
+    files, from the data section of the config."""
+    d = args.data
+
+    def triple(kind: str):
+        return tuple(getattr(d, kind.format(split=s)) for s in ("train", "valid", "test"))
+
+    if d.dataset_impl == "pairwise":
+        side = {"neg": triple("neg_{split}_data_paths"),
+                "label": triple("pos_{split}_label_data_paths"),
+                "neg_label": triple("neg_{split}_label_data_paths")}
+    else:
+        side = {"label": triple("{split}_label_data_paths"),
+                "reward": triple("{split}_reward_data_paths")}
+    return SampleOptions(dataset_impl=d.dataset_impl, pack_impl=d.pack_impl,
+                         allow_chopped=d.allow_chopped, pad_id=pad_id,
+                         side_files={k: v for k, v in side.items() if any(p is not None for p in v)})
+
+
+def token_paths(args) -> tuple:
+    """(train, valid, test) token file lists: the chosen side's for pairwise data."""
+    d = args.data
+    if d.dataset_impl == "pairwise":
+        return d.pos_train_data_paths, d.pos_valid_data_paths, d.pos_test_data_paths
+    return d.train_data_paths, d.valid_data_paths, d.test_data_paths
+
+
+def build_datasets(args, counts: SampleCounts, vocab_size: int, pad_id: int = 0):
     """(train, valid, test) datasets; a split asked for zero samples is None.
 
     Every token id is checked against the tokenizer's `vocab_size` (A12).
     """
     d = args.data
+    train_paths, valid_paths, test_paths = token_paths(args)
     return build_train_valid_test_datasets(
-        data_path=d.data_path, train_data_paths=d.train_data_paths,
-        valid_data_paths=d.valid_data_paths, test_data_paths=d.test_data_paths,
+        data_path=d.data_path, train_data_paths=train_paths,
+        valid_data_paths=valid_paths, test_data_paths=test_paths,
         train_data_weights=d.train_data_weights, valid_data_weights=d.valid_data_weights,
         test_data_weights=d.test_data_weights, weight_by_num_documents=d.weight_by_num_documents,
         weighted_sampler_alpha=d.weighted_sampler_alpha, split=d.split,
         seq_length=args.model.seq_length, seed=args.training.seed,
         train_valid_test_num_samples=(counts.train, counts.valid, counts.test),
         cache_dir=d.data_cache_dir, skip_warmup=not d.mmap_warmup, vocab_size=vocab_size,
-        global_batch_size=args.derived.train_batch_size)
+        global_batch_size=args.derived.train_batch_size, options=sample_options(args, pad_id))
 
 
 def micro_batch_iterator(dataset, consumed_samples: int, args, dp_rank: int, dp_size: int,
-                         options: BatchOptions):
-    """Micro-batch model inputs for this data-parallel rank, starting after `consumed_samples`."""
+                         options: BatchOptions, objective: Objective, reference=None):
+    """Micro-batch (inputs, targets) for this data-parallel rank, starting after
+    `consumed_samples`, as `objective` reads them; with `reference` (a ReferenceModel) its
+    log-probabilities fill the targets' reference slot."""
     if dataset is None:
         return None
     loader = build_data_loader(dataset, consumed_samples=consumed_samples,
                                micro_batch_size=args.derived.train_micro_batch_size_per_gpu,
                                data_parallel_rank=dp_rank, data_parallel_size=dp_size,
                                num_workers=args.data.num_workers)
-    return TimedIterator(model_inputs(batch, options) for batch in loader)
+    batches = (objective.prepare(batch, options) for batch in loader)
+    if reference is not None:
+        batches = (reference.fill(objective, inputs, targets) for inputs, targets in batches)
+    return TimedIterator(batches)
 
 
 class TimedIterator:

@@ -16,7 +16,9 @@ from megatron.mpu.initialize import disable_deepspeed_shm_allreduce
 from megatron.mpu.layers import sync_sequence_parallel_grads
 from megatron.mpu.topology import Topology
 from megatron.training.learning_rates import AnnealingLR, lr_schedule
+from megatron.training.objectives import Objective, build_objective
 from megatron.training.optimizers import build_optimizer, state_keys
+from megatron.training.step import ObjectiveLoss
 
 log = get_logger(__name__)
 
@@ -30,6 +32,7 @@ class Engine:
     groups: ProcessGroups
     tp: TensorParallel
     run: RunDescription  # what checkpoint save / load know of the run
+    objective: Objective = None  # train_impl's loss and metrics (megatron.training.objectives)
 
     @property
     def topology(self) -> Topology:
@@ -40,14 +43,17 @@ class Engine:
         return self.engine.lr_scheduler
 
 
-def build_model(args, model_config: ModelConfig, topology: Topology, tp: TensorParallel):
-    """A PipelineModule when pipe_parallel_size >= 1, else the plain GPTModel."""
+def build_model(args, model_config: ModelConfig, topology: Topology, tp: TensorParallel,
+                objective: Objective | None = None):
+    """A PipelineModule when pipe_parallel_size >= 1 (its last stage computing `objective`'s
+    loss), else the plain GPTModel."""
     par = args.parallelism
     recompute = Recompute(par.checkpoint_num_layers, tp) if par.checkpoint_activations else None
     if par.pipe_parallel_size >= 1:
+        loss_fn = ObjectiveLoss(objective or build_objective(args, tp))
         with deepspeed_prints():  # its seed, topology and layer listing: debug lines
             return build_pipeline_model(model_config, topology.deepspeed_topology(),
-                                        par.pipe_partition_method, recompute, tp)
+                                        par.pipe_partition_method, recompute, tp, loss_fn)
     return GPTModel(model_config, tp, recompute)
 
 
@@ -75,7 +81,8 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
     if args.parallelism.checkpoint_activations:
         configure_activation_checkpointing(args.parallelism, model_config.num_layers,
                                            DeepSpeedMPU(groups))
-    model = build_model(args, model_config, groups.topology, tp)
+    objective = build_objective(args, tp)
+    model = build_model(args, model_config, groups.topology, tp, objective)
     hooked = sync_sequence_parallel_grads(model, tp)
     if hooked:
         log.info("sequence parallelism: %d parameters all-reduce their gradients over tp", hooked)
@@ -101,7 +108,7 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
         # the last element of the stage tuple is a bool mask: DeepSpeed must not expect its grad
         engine.set_has_attention_mask(True)
     return Engine(engine=engine, is_pipeline=is_pipeline, groups=groups, tp=tp,
-                  run=checkpoint_run(args))
+                  run=checkpoint_run(args), objective=objective)
 
 
 def checkpoint_run(args) -> RunDescription:

@@ -28,12 +28,14 @@ from megatron.mpu.initialize import collective_timeout, destroy_distributed, ini
 from megatron.mpu.topology import Topology
 from megatron.neox_arguments import padded_vocab_size
 from megatron.tokenizer import build_tokenizer
-from megatron.training.batch import BatchOptions
 from megatron.training.data import build_datasets, micro_batch_iterator, sample_counts
 from megatron.training.engine import build_engine
 from megatron.training.flops import flops_per_token
-from megatron.training.step import eval_step, train_step
-from megatron.training.train_log import TrainLog
+from megatron.training.objectives import batch_options
+from megatron.training.reference import SOURCE_KEY as REFERENCE_KEY
+from megatron.training.reference import build_reference, reference_source
+from megatron.training.step import run_step
+from megatron.training.train_log import TrainLog, interval_means, metric_text
 from megatron.safety import watchdog
 from megatron.safety.guard import StepGuard, TrainingStopped, weights_finite
 from megatron.safety.lock import run_lock
@@ -51,13 +53,18 @@ class RunState:
     consumed_train_samples: int = 0
     consumed_valid_samples: int = 0
     interval_losses: list = field(default_factory=list)
+    interval_metrics: list = field(default_factory=list)  # the objective's, one dict per step
     data_fingerprints: dict = field(default_factory=dict)
     last_loss: float | None = None  # of the last step, recorded in the manifest
+    reference: dict | None = None  # where DPO/KTO's reference model is read from
 
     def client_state(self) -> dict:
-        return {"consumed_train_samples": self.consumed_train_samples,
-                "consumed_valid_samples": self.consumed_valid_samples,
-                "data_fingerprints": self.data_fingerprints, "last_loss": self.last_loss}
+        state = {"consumed_train_samples": self.consumed_train_samples,
+                 "consumed_valid_samples": self.consumed_valid_samples,
+                 "data_fingerprints": self.data_fingerprints, "last_loss": self.last_loss}
+        if self.reference is not None:
+            state[REFERENCE_KEY] = self.reference
+        return state
 
 
 def set_seeds(seed: int) -> None:
@@ -129,19 +136,24 @@ def _pretrain(args) -> RunState:
     check_ranks_agree(state)
 
     counts = sample_counts(args)
-    train_ds, valid_ds, test_ds = build_datasets(args, counts, tokenizer.vocab_size)
+    train_ds, valid_ds, test_ds = build_datasets(args, counts, tokenizer.vocab_size,
+                                                 tokenizer.pad)
     datasets = [d for d in (train_ds, valid_ds) if d is not None]
     state.data_fingerprints = dataset_fingerprints(*datasets, mode=args.data.data_fingerprint)
     check_same_data(args, resumed, state.data_fingerprints)
     coords = topology.coords(rank)
-    d = args.data
-    options = BatchOptions(tokenizer.eod, d.eod_mask_loss, d.reset_position_ids, d.reset_attention_mask)
+    reference = None
+    if engine.objective.needs_reference:
+        state.reference = reference_source(args, resumed)
+        reference = build_reference(args, engine, model_config, state.reference)
+    batches = dict(options=batch_options(args, tokenizer.eod), objective=engine.objective,
+                   reference=reference)
     train_iter = micro_batch_iterator(train_ds, state.consumed_train_samples, args, coords.data,
-                                      topology.dp, options)
+                                      topology.dp, **batches)
     valid_iter = micro_batch_iterator(valid_ds, state.consumed_valid_samples, args, coords.data,
-                                      topology.dp, options)
+                                      topology.dp, **batches)
     def test_iter():  # built at the end: its loader workers start only then
-        return micro_batch_iterator(test_ds, 0, args, coords.data, topology.dp, options)
+        return micro_batch_iterator(test_ds, 0, args, coords.data, topology.dp, **batches)
     tracker = MetricsTracker.from_args(args, enabled=rank == 0)
     print_rank_0(f"training {model_config.num_layers} layers x {model_config.hidden_size} hidden, "
                  f"{sum(p.numel() for p in engine.engine.module.parameters()):,} parameters on this "
@@ -254,10 +266,11 @@ def _train_steps(args, engine, state: RunState, train_iter, valid_iter, train_lo
         skipped = engine.engine.skipped_steps
         with profiler.step(state.iteration + 1), watchdog.phase("train step",
                                                                 state.iteration + 1):
-            loss = train_step(engine, train_iter)
+            loss, metrics = run_step(engine, train_iter, train=True)
         state.iteration += 1
         state.consumed_train_samples += gbs
         state.interval_losses.append(loss)
+        state.interval_metrics.append(metrics)
         state.last_loss = loss
         verdict = guard.after_step(state.iteration, loss, engine.engine.skipped_steps > skipped)
         if verdict.action != "ok" and _bad_step(args, engine, state, verdict):
@@ -265,8 +278,10 @@ def _train_steps(args, engine, state: RunState, train_iter, valid_iter, train_lo
         if train_log.is_logged(state.iteration):
             elapsed = time.perf_counter() - interval_start
             train_log.log(engine, state.iteration, state.interval_losses,
-                          state.consumed_train_samples, elapsed, train_iter.take_wait())
+                          state.consumed_train_samples, elapsed, train_iter.take_wait(),
+                          state.interval_metrics)
             state.interval_losses.clear()
+            state.interval_metrics.clear()
             interval_start = time.perf_counter()
         if t.eval_interval and state.iteration % t.eval_interval == 0 and valid_iter is not None:
             _evaluate(args, engine, state, valid_iter, train_log.tracker, summary, tasks=tasks)
@@ -357,20 +372,23 @@ def _evaluate(args, engine, state: RunState, data_iter, tracker, summary: RunSum
     """eval_iters batches of the validation split (where it stands) or of the test split
     (from its start), logged as val_loss/val_ppl or test_loss/test_ppl; with `tasks` (a
     TaskEvaluator, eval_tasks set) the lm-eval tasks too."""
-    losses = []
+    results = []
     for _ in range(args.training.eval_iters):
         with watchdog.phase("eval step", state.iteration):
-            losses.append(eval_step(engine, data_iter))
+            results.append(run_step(engine, data_iter, train=False))
         if split == "validation":
             state.consumed_valid_samples += args.derived.train_batch_size
-    loss = sum(losses) / len(losses)
+    loss = sum(r.loss for r in results) / len(results)
     ppl = float(np.exp(min(loss, 50.0)))
     summary.add_eval(split, state.iteration, loss)
     short = "val" if split == "validation" else "test"
     when = (f"at iteration {state.iteration}" if split == "validation"
             else f"at the end of training (iteration {state.iteration})")
-    tracker.log({f"{short}_loss": loss, f"{short}_ppl": ppl}, state.iteration,
-                console=f" {split} {when} | {short}_loss {loss:.4f} | {short}_ppl {ppl:.2f}")
+    extra = interval_means(engine.objective, [r.metrics for r in results])
+    line = f" {split} {when} | {short}_loss {loss:.4f} | {short}_ppl {ppl:.2f}"
+    line += "".join(f" | {k} {metric_text(v)}" for k, v in extra.items())
+    tracker.log({f"{short}_loss": loss, f"{short}_ppl": ppl,
+                 **{f"{split}/{k}": v for k, v in extra.items()}}, state.iteration, console=line)
     if tasks is not None:
         from megatron.evaluation.during_training import console_line
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from megatron.checkpointing import load_checkpoint, save_checkpoint
+from megatron.checkpointing.load import LOADED_FROM
 from megatron.monitoring.progress import progress
 from megatron.mpu.initialize import destroy_distributed, init_distributed
 
@@ -48,6 +49,7 @@ def _reshard(args) -> Path:
         if not resumed:
             raise FileNotFoundError(f"no checkpoint to reshard in {args.checkpoint.load}")
         bar.update()
+        resumed.pop(LOADED_FROM, None)
         iteration = int(resumed.pop("iteration"))
         saved = save_checkpoint(engine, args.checkpoint, iteration, resumed)
         bar.update()

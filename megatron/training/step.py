@@ -1,67 +1,134 @@
 """One optimizer step (all micro-batches of a global batch) and one evaluation step.
 
-Both return the loss averaged over micro-batches and data-parallel ranks, identical on all ranks.
-A training step labels its phases for the profiler (megatron/monitoring/profiler.py).
+    loss = train_step(engine, micro_batches)             # the step's loss
+    result = run_step(engine, micro_batches, train=True)  # loss and the objective's metrics
+
+The loss is averaged over micro-batches and data-parallel ranks and is identical on all ranks;
+so are the metrics of the engine's training objective (megatron.training.objectives): averaged
+the same way, or summed over the step for counts (`Objective.summed_metrics`). Under the
+pipeline engine the last stage computes them and every stage receives them. A training step
+labels its phases for the profiler (megatron/monitoring/profiler.py).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from megatron.model.gpt import lm_loss
 from megatron.monitoring.logger import deepspeed_prints
 from megatron.monitoring.profiler import BACKWARD, FORWARD, GET_BATCH, OPTIMIZER_STEP
 
 
-def _dp_mean(value: torch.Tensor, engine) -> float:
-    """Average a scalar over the data-parallel group (the pipeline engine already did)."""
-    group = engine.groups.dp_group
-    size = dist.get_world_size(group=group)
-    value = value.detach().float().clone()
-    if size > 1:
-        dist.all_reduce(value, group=group)
-        value /= size
-    return value.item()
+class StepResult(NamedTuple):
+    loss: float
+    metrics: dict
 
 
 def train_step(engine, micro_batches) -> float:
     """Forward/backward over gradient_accumulation_steps micro-batches, then one optimizer step.
 
-    `micro_batches` is an iterator of ((tokens, position_ids, mask), (labels, loss_mask)).
+    `micro_batches` is an iterator of (inputs, targets) as the objective prepares them.
     """
-    ds = engine.engine
-    if engine.is_pipeline:
-        with deepspeed_prints():
-            return ds.train_batch(data_iter=micro_batches).item()
-    total = torch.zeros(())
-    steps = ds.gradient_accumulation_steps()
-    for _ in range(steps):
-        with record_function(GET_BATCH):
-            inputs, targets = next(micro_batches)
-        with record_function(FORWARD):
-            loss = lm_loss(ds(*inputs), targets, engine.tp)
-        with record_function(BACKWARD):
-            ds.backward(loss)
-        with record_function(OPTIMIZER_STEP):
-            ds.step()
-        total += loss.detach().float()
-    return _dp_mean(total / steps, engine)
+    return run_step(engine, micro_batches, train=True).loss
 
 
 @torch.no_grad()
 def eval_step(engine, micro_batches) -> float:
     """The loss over one global batch without updating anything."""
-    ds = engine.engine
-    if engine.is_pipeline:
-        with deepspeed_prints():
-            return ds.eval_batch(data_iter=micro_batches).item()
-    ds.eval()
-    total = torch.zeros(())
+    return run_step(engine, micro_batches, train=False).loss
+
+
+def run_step(engine, micro_batches, train: bool) -> StepResult:
+    """A training (`train`) or evaluation step: its loss and metrics."""
+    ds, objective = engine.engine, engine.objective
     steps = ds.gradient_accumulation_steps()
+    if engine.is_pipeline:
+        objective_loss = ds.module.loss_fn
+        objective_loss.collected.clear()
+        with deepspeed_prints():
+            if train:
+                loss = ds.train_batch(data_iter=micro_batches).item()
+            else:
+                with torch.no_grad():
+                    loss = ds.eval_batch(data_iter=micro_batches).item()
+        values = _pipeline_metrics(engine, objective_loss.collected, steps)
+        return StepResult(loss, _dp_reduce(values, objective, engine, steps))
+    total = torch.zeros(())
+    sums = torch.zeros(len(objective.metric_names))
+    if not train:
+        ds.eval()
     for _ in range(steps):
-        inputs, targets = next(micro_batches)
-        total += lm_loss(ds(*inputs), targets, engine.tp).float()
-    ds.train()
-    return _dp_mean(total / steps, engine)
+        with record_function(GET_BATCH):
+            inputs, targets = next(micro_batches)
+        with record_function(FORWARD), torch.set_grad_enabled(train):
+            loss, metrics = objective.loss(ds(*inputs), targets)
+        if train:
+            with record_function(BACKWARD):
+                ds.backward(loss)
+            with record_function(OPTIMIZER_STEP):
+                ds.step()
+        total += loss.detach().float()
+        sums += _vector(metrics, objective)
+    if not train:
+        ds.train()
+    values = torch.cat([(total / steps).reshape(1), _per_step(sums, objective, steps)])
+    reduced = _dp_reduce(values, objective, engine, steps, with_loss=True)
+    return StepResult(reduced.pop("__loss__"), reduced)
+
+
+class ObjectiveLoss:
+    """The pipeline's loss_fn: the objective's loss on the last stage, its metrics kept for
+    `run_step` (one entry per micro-batch)."""
+
+    def __init__(self, objective):
+        self.objective = objective
+        self.collected: list[torch.Tensor] = []
+        self.__name__ = f"{objective.name}_loss"
+
+    def __call__(self, output, targets):
+        loss, metrics = self.objective.loss(output, targets)
+        self.collected.append(_vector(metrics, self.objective))
+        return loss
+
+
+def _vector(metrics: dict, objective) -> torch.Tensor:
+    return torch.stack([metrics[n].detach().float().reshape(()) for n in objective.metric_names]) \
+        if objective.metric_names else torch.zeros(0)
+
+
+def _per_step(sums: torch.Tensor, objective, steps: int) -> torch.Tensor:
+    """Micro-batch sums to the step's values: means, or sums for counts."""
+    scale = torch.tensor([1.0 if n in objective.summed_metrics else 1.0 / steps
+                          for n in objective.metric_names])
+    return sums * scale
+
+
+def _pipeline_metrics(engine, collected: list, steps: int) -> torch.Tensor:
+    """The last stage's metrics of the step, on every stage of the pipeline."""
+    objective = engine.objective
+    n = len(objective.metric_names)
+    values = torch.zeros(n)
+    if collected:
+        values = _per_step(torch.stack(collected).sum(0), objective, steps)
+    if n:
+        dist.all_reduce(values, group=engine.groups.pp_group)  # only the last stage has any
+    return values
+
+
+def _dp_reduce(values: torch.Tensor, objective, engine, steps: int,
+               with_loss: bool = False) -> dict:
+    """Average over the data-parallel group (summed metrics: add up); {name: float}."""
+    names = (["__loss__"] if with_loss else []) + list(objective.metric_names)
+    if not names:
+        return {}
+    group = engine.groups.dp_group
+    size = dist.get_world_size(group=group)
+    values = values.detach().float().clone()
+    if size > 1:
+        dist.all_reduce(values, group=group)
+        mean = torch.tensor([0.0 if n in objective.summed_metrics else 1.0 for n in names])
+        values = values * (mean / size + (1 - mean))
+    return dict(zip(names, values.tolist()))

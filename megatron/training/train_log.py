@@ -55,8 +55,9 @@ class TrainLog:
             self._probe.arm()
 
     def log(self, engine, iteration: int, losses: list[float], consumed_samples: int,
-            elapsed: float, data_wait: float) -> None:
-        """Record the interval of `len(losses)` iterations that ends at `iteration`."""
+            elapsed: float, data_wait: float, step_metrics: list[dict] | None = None) -> None:
+        """Record the interval of `len(losses)` iterations that ends at `iteration`, with the
+        training objective's metrics of each step (`step_metrics`)."""
         n = len(losses)
         loss = sum(losses) / n
         lr = engine.lr_scheduler.get_lr()[0]
@@ -71,8 +72,11 @@ class TrainLog:
         if grad_norm is None:
             del metrics["grad_norm"]
         metrics["memory_gib"] = memory_gib()
+        objective = interval_means(engine.objective, step_metrics or [])
+        metrics.update(objective)
         line = (f" iteration {iteration:>6}/{self._train_iters} | lm_loss {loss:.4f} | "
-                f"lr {lr:.3e} | "
+                + "".join(f"{k} {metric_text(v)} | " for k, v in objective.items())
+                + f"lr {lr:.3e} | "
                 + (f"grad_norm {grad_norm:.3f} | " if grad_norm is not None else "")
                 + f"{metrics['tokens_per_sec']:,.0f} tokens/s | {iter_time * 1e3:.1f} ms/iter")
         if self._peak is not None:
@@ -94,6 +98,22 @@ class TrainLog:
         left = max(self._train_iters - iteration, 0)
         eta = clock(elapsed / done * left) if done > 0 else "?"
         return f"elapsed {clock(elapsed)}, ETA {eta}"
+
+
+def interval_means(objective, steps: list[dict]) -> dict:
+    """The objective's metrics over an interval's steps: the mean of each (counts: per step)."""
+    if not steps or objective is None:
+        return {}
+    return {name: sum(s[name] for s in steps) / len(steps) for name in objective.metric_names
+            if all(name in s for s in steps)}
+
+
+def metric_text(value: float) -> str:
+    """A metric as the console shows it: counts as integers, the rest with 4 significant
+    digits."""
+    if float(value).is_integer() and abs(value) >= 1:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
 
 
 def clock(seconds: float) -> str:

@@ -279,6 +279,11 @@ def _damaged_share(rank: int, world: int, tmp: Path) -> dict:
 # ---- the tests -----------------------------------------------------------------------------
 
 
+def position(resumed: dict) -> dict:
+    """What a load returned without the step directory it names (LOADED_FROM)."""
+    return {k: v for k, v in resumed.items() if k != "loaded_from"}
+
+
 DP2 = ["fp32", "bf16", "zero1", "zero3", "options", "failures", "mismatch", "damaged_share",
        "settings"]
 
@@ -302,7 +307,7 @@ def ok(outcome):
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_a_loaded_engine_continues_exactly_like_the_one_that_saved(outcomes, precision):
     out = ok(outcomes[precision])
-    assert out["resumed"] == {"consumed_train_samples": 6, "iteration": 3}
+    assert position(out["resumed"]) == {"consumed_train_samples": 6, "iteration": 3}
     assert out["same_draws"], "RNG states were not restored"
     assert out["same_losses"] and out["same_weights"], "training after the load diverged"
     assert out["lr_steps"] == 5
@@ -335,18 +340,20 @@ def test_no_save_optim_and_no_save_rng_load_with_a_fresh_optimizer_and_say_so(ou
 
 def test_a_chosen_iteration_loads_that_checkpoint(outcomes):
     out = ok(outcomes["options"])["iteration"]
-    assert out["resumed"] == {"iteration": 2} and out["weights"]
+    resumed = dict(out["resumed"])
+    assert resumed.pop("loaded_from").endswith("/global_step2")
+    assert resumed == {"iteration": 2} and out["weights"]
 
 
 def test_finetune_loads_weights_only_and_restarts_at_iteration_zero(outcomes):
     out = ok(outcomes["options"])["finetune"]
-    assert out["resumed"] == {} and out["weights"]
+    assert list(out["resumed"]) == ["loaded_from"] and out["weights"]  # no position: restart
     assert out["optimizer_state"] == 0 and out["lr_steps"] == 0
 
 
 def test_no_load_optim_and_no_load_rng_keep_the_fresh_optimizer_schedule_and_generators(outcomes):
     out = ok(outcomes["options"])["no_load_optim_rng"]
-    assert out["resumed"] == {"iteration": 3} and out["weights"]
+    assert position(out["resumed"]) == {"iteration": 3} and out["weights"]
     assert out["optimizer_state"] == 0 and out["lr_steps"] == 0 and out["rng_untouched"]
 
 
@@ -408,13 +415,14 @@ def test_tensor_pipeline_and_zero_layouts_continue_exactly_after_a_load(tmp_path
     results = dp2 if layout in DP2 else run_distributed(run_scenarios, 2, str(tmp_path), [layout])
     for rank, outcome in enumerate(r[layout] for r in results):
         out = ok(outcome)
-        assert out["resumed"] == {"consumed_train_samples": 6, "iteration": 3}, rank
+        assert position(out["resumed"]) == {"consumed_train_samples": 6, "iteration": 3}, rank
         assert out["same_draws"] and out["same_losses"] and out["same_weights"], rank
 
 
 def test_ranks_agree_to_skip_a_checkpoint_one_of_them_found_damaged(dp2):
     results = [ok(r["damaged_share"]) for r in dp2]
-    assert [r["resumed"] for r in results] == [{"consumed_train_samples": 4, "iteration": 1}] * 2
+    assert [position(r["resumed"]) for r in results] == \
+        [{"consumed_train_samples": 4, "iteration": 1}] * 2
     victim = results[0]["victim"]
     assert any("global_step2 is damaged" in w and victim in w for w in dp2[0]["warnings"])
     assert any("loading" in w and "global_step1 instead" in w for w in dp2[0]["warnings"])

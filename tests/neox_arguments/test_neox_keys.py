@@ -33,10 +33,9 @@ def test_key_at_neox_default_is_accepted_and_changes_nothing(key, tiny, config_l
 
 @pytest.mark.parametrize("key, value, default", [
     ("moe_num_experts", 8, "1"),
-    ("train_impl", "dpo", '"normal"'),
-    ("z_loss", 0.1, "0.0"),
+    ("kl_div_beta", 0.2, "0.1"),
     ("use_shared_fs", False, "true"),
-    ("pack_impl", "unpacked", '"packed"'),
+    ("kl_impl", "abs", '"mse"'),
 ])
 def test_not_implemented_key_off_its_default_is_refused(key, value, default):
     with pytest.raises(ConfigError) as e:
@@ -70,8 +69,8 @@ def test_deepspeed_entry_off_its_default_points_to_deepspeed_extra_args():
 
 def test_switches_accept_either_spelling_of_off(tiny):
     assert NeoXArgs.from_ymls([TINY], {"use_mup": None, "use_bnb_optimizer": False}) == tiny
-    with pytest.raises(ConfigError, match="'allow_chopped' .* set to null"):
-        NeoXArgs.from_ymls([TINY], {"allow_chopped": None})
+    with pytest.raises(ConfigError, match="'use_shared_fs' .* set to null"):
+        NeoXArgs.from_ymls([TINY], {"use_shared_fs": None})
 
 
 def test_defaults_compare_by_value(tiny):
@@ -83,9 +82,21 @@ def test_defaults_compare_by_value(tiny):
 
 def test_recorded_defaults_match_neox():
     """A spot check of well-known GPT-NeoX defaults (neox_args.py)."""
-    expected = {"moe_num_experts": 1, "train_impl": "normal", "pack_impl": "packed",
-                "z_loss": 0.0, "moe_top_k": 1}
+    expected = {"moe_num_experts": 1, "kl_impl": "mse", "kl_div_beta": 0.1, "moe_top_k": 1}
     assert {k: NEOX_DEFAULTS[k] for k in expected} == expected
+
+
+def test_post_training_keys_are_fields_with_neox_defaults(tiny):
+    """train_impl, the DPO/KTO/RM coefficients and the dataset keys are config fields with
+    GPT-NeoX's defaults (neox_args.py)."""
+    t, d = tiny.training, tiny.data
+    assert (t.train_impl, t.dpo_beta, t.dpo_fp32, t.dpo_reference_free) == ("normal", 0.1, True,
+                                                                              False)
+    assert (t.kto_beta, t.kto_fp32, t.kto_desirable_weight, t.kto_undesirable_weight,
+            t.z_loss) == (0.1, True, 1.0, 1.0, 0.0)
+    assert (d.dataset_impl, d.pack_impl, d.allow_chopped) == ("gpt2", "packed", True)
+    with pytest.raises(ConfigError, match="train_impl 'reinforce' .* does not support yet"):
+        NeoXArgs.from_ymls([TINY], {"train_impl": "reinforce"})
 
 
 def test_neox_logging_keys_are_fields_with_neox_defaults(tiny):

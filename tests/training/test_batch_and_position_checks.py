@@ -14,9 +14,10 @@ def test_a_batch_with_other_keys_is_refused_naming_them():
     check_batch_schema({"text": torch.zeros(2, 5, dtype=torch.long)})
     with pytest.raises(ValueError) as err:
         check_batch_schema({"input_ids": torch.zeros(2, 5), "labels": torch.zeros(2, 5)})
-    assert str(err.value) == ("training batch keys ['input_ids', 'labels'] do not match the "
-                              "model's ['text'] (missing: ['text'], unexpected: ['input_ids', "
-                              "'labels'])")
+    assert str(err.value) == (
+        "training batch keys ['input_ids', 'labels'] do not match what train_impl normal reads: "
+        "['text'] or ['label', 'text'] or ['label', 'segment', 'text'] (missing: ['text'], "
+        "unexpected: ['input_ids', 'labels'])")
 
 
 def _resume_at(rank, world):

@@ -55,6 +55,71 @@ class DataArgs:
     reset_attention_mask: bool = option(
         False, "Stop attention from crossing end-of-document tokens."
     )
+    dataset_impl: str = option(
+        "gpt2",
+        "Kind of dataset: gpt2 (one token stream, with optional label and reward files) or "
+        "pairwise (chosen/rejected pairs from pos_* and neg_* paths, for train_impl dpo and rm).",
+    )
+    pack_impl: str = option(
+        "packed",
+        "How documents become samples: packed (one stream cut every seq_length tokens, documents "
+        "crossing samples), pack_until_overflow (whole documents added to a sample while they "
+        "fit, then padded) or unpacked (one document per sample, padded).",
+    )
+    allow_chopped: bool = option(
+        True,
+        "pack_until_overflow / unpacked: a document longer than seq_length + 1 tokens is cut to "
+        "fit (true) or left out (false).",
+    )
+    train_label_data_paths: list[str] | None = option(
+        None,
+        "Label files, one per train_data_paths entry: the token id at each position that carries "
+        "loss, -100 where it does not (preprocess_data_with_chat_template.py, "
+        "preprocess_data_with_mask.py).",
+    )
+    valid_label_data_paths: list[str] | None = option(
+        None, "Label files, one per valid_data_paths entry."
+    )
+    test_label_data_paths: list[str] | None = option(
+        None, "Label files, one per test_data_paths entry."
+    )
+    train_reward_data_paths: list[str] | None = option(
+        None, "Reward files (one value per document; KTO), one per train_data_paths entry."
+    )
+    valid_reward_data_paths: list[str] | None = option(
+        None, "Reward files, one per valid_data_paths entry."
+    )
+    test_reward_data_paths: list[str] | None = option(
+        None, "Reward files, one per test_data_paths entry."
+    )
+    pos_train_data_paths: list[str] | None = option(
+        None, "Chosen responses of the training pairs (dataset_impl pairwise)."
+    )
+    neg_train_data_paths: list[str] | None = option(
+        None, "Rejected responses of the training pairs, one file per pos_train_data_paths entry."
+    )
+    pos_valid_data_paths: list[str] | None = option(None, "Chosen responses, validation pairs.")
+    neg_valid_data_paths: list[str] | None = option(None, "Rejected responses, validation pairs.")
+    pos_test_data_paths: list[str] | None = option(None, "Chosen responses, test pairs.")
+    neg_test_data_paths: list[str] | None = option(None, "Rejected responses, test pairs.")
+    pos_train_label_data_paths: list[str] | None = option(
+        None, "Label files of pos_train_data_paths (null: every token carries loss)."
+    )
+    neg_train_label_data_paths: list[str] | None = option(
+        None, "Label files of neg_train_data_paths."
+    )
+    pos_valid_label_data_paths: list[str] | None = option(
+        None, "Label files of pos_valid_data_paths."
+    )
+    neg_valid_label_data_paths: list[str] | None = option(
+        None, "Label files of neg_valid_data_paths."
+    )
+    pos_test_label_data_paths: list[str] | None = option(
+        None, "Label files of pos_test_data_paths."
+    )
+    neg_test_label_data_paths: list[str] | None = option(
+        None, "Label files of neg_test_data_paths."
+    )
     data_cache_dir: str | None = option(
         None, "Directory for the sample-index caches; null writes them beside the data."
     )

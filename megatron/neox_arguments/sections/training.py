@@ -51,6 +51,29 @@ class TrainingArgs:
     max_rollbacks: int = option(
         3, "Rollbacks bad_step_policy rollback makes before the run stops."
     )
+    train_impl: str = option(
+        "normal",
+        "Training objective: normal (next-token loss; with label files, only on the positions "
+        "they keep: SFT), dpo (direct preference optimisation on chosen/rejected pairs), kto "
+        "(Kahneman-Tversky optimisation on documents with rewards) or rm (a reward model: a "
+        "value head trained on pairs).",
+    )
+    dpo_beta: float = option(0.1, "DPO: beta, the weight of the log-ratio difference.")
+    dpo_fp32: bool = option(True, "DPO: compute the log-probabilities in fp32.")
+    dpo_reference_free: bool = option(
+        False, "DPO: no reference model; the reference log-probabilities are taken as 0."
+    )
+    kto_beta: float = option(0.1, "KTO: beta, the weight of the log-ratio.")
+    kto_fp32: bool = option(True, "KTO: compute the log-probabilities in fp32.")
+    kto_desirable_weight: float = option(
+        1.0, "KTO: weight of the loss of desirable (reward > 0) documents."
+    )
+    kto_undesirable_weight: float = option(
+        1.0, "KTO: weight of the loss of undesirable (reward < 0) documents."
+    )
+    z_loss: float = option(
+        0.0, "Reward model: coefficient of the penalty on squared values (keeps them near 0)."
+    )
     hang_timeout_minutes: float | None = option(
         10.0,
         "Hang watchdog: a train or eval step running longer than this, or than hang_step_factor "

@@ -1,0 +1,139 @@
+"""Documents with a part that carries no loss, for models without a chat template: token files
+and a label file, as GPT-NeoX's tools/datasets/preprocess_data_with_mask.py writes them.
+
+    preprocess_masked("data.jsonl", "data/sft/train", tokenizer, mask_before=[50256, 27])
+    # data/sft/train_text_document: tokens; data/sft/train_label_document: labels
+
+Two ways to say where the loss starts:
+- `mask_before` (GPT-NeoX's --mask-before-token): the first occurrence of this token sequence in
+  a document and everything before it carry no loss (-100); a document without it carries loss
+  everywhere.
+- `prompt_key` / `completion_key` (jsonl fields): the prompt's tokens carry no loss, the
+  completion's do. Each is tokenized on its own and the two are joined, so the boundary is
+  exact.
+With `append_eod` the end-of-document token follows, carrying loss.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from megatron.data.chat_preprocess import ChatResult
+from megatron.data.indexed_dataset import (IGNORE_LABEL, MMapIndexedDatasetBuilder,
+                                           best_fitting_dtype, index_file_path)
+from megatron.data.preprocess import _open_text, expand_inputs, iter_documents
+from megatron.monitoring.logger import get_logger
+from megatron.monitoring.progress import progress
+
+logger = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class MaskRule:
+    """Where the loss starts: after `mask_before`, or at the completion."""
+
+    mask_before: tuple[int, ...] = ()
+    prompt_key: str | None = None
+    completion_key: str | None = None
+    append_eod: bool = False
+
+
+def find(tokens: Sequence[int], pattern: Sequence[int]) -> int:
+    """Index of the first occurrence of `pattern` in `tokens`, -1 when there is none."""
+    n, m = len(tokens), len(pattern)
+    if m == 0:
+        return -1
+    first = pattern[0]
+    for i in range(n - m + 1):
+        if tokens[i] == first and list(tokens[i:i + m]) == list(pattern):
+            return i
+    return -1
+
+
+def masked_labels(tokens: list[int], pattern: Sequence[int]) -> list[int]:
+    """GPT-NeoX's rule: up to and including the first `pattern`, -100; then the tokens."""
+    at = find(tokens, pattern)
+    if at < 0:
+        return list(tokens)
+    cut = at + len(pattern)
+    return [IGNORE_LABEL] * cut + list(tokens[cut:])
+
+
+@dataclass
+class _Records:
+    """The prompt/completion jsonl records of the input files, checked."""
+
+    files: list
+    rule: MaskRule
+    counted: list = field(default_factory=list)
+
+    def __iter__(self):
+        keys = (self.rule.prompt_key, self.rule.completion_key)
+        for path in self.files:
+            with _open_text(path) as f:
+                for line_no, line in enumerate(f, start=1):
+                    if not line.strip():
+                        continue
+                    where = f"{path} line {line_no}"
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError as err:
+                        raise ValueError(f"{where} is not valid JSON: {err}") from None
+                    for key in keys:
+                        if not isinstance(record.get(key), str):
+                            raise ValueError(f"{where} has no text under {key!r}; set "
+                                             "--prompt-key / --completion-key")
+                    yield record[keys[0]], record[keys[1]]
+
+
+def preprocess_masked(inputs: str | Sequence[str], output_prefix: str, tokenizer,
+                      rule: MaskRule, jsonl_keys: Sequence[str] = ("text",),
+                      num_docs: int | None = None) -> ChatResult:
+    """Tokenize `inputs`, write `{prefix}_{key}_document` per key (`{prefix}_text_document` in
+    prompt/completion mode) and the label file `{prefix}_label_document` (of the first key)."""
+    files = expand_inputs(inputs)
+    if bool(rule.prompt_key) != bool(rule.completion_key):
+        raise ValueError("--prompt-key and --completion-key go together")
+    if not rule.prompt_key and not rule.mask_before:
+        raise ValueError("say where the loss starts: --mask-before-token, or --prompt-key and "
+                         "--completion-key")
+    keys = ["text"] if rule.prompt_key else list(jsonl_keys)
+    dtype = best_fitting_dtype(max(tokenizer.vocab_size, tokenizer.max_token_id + 1))
+    result = ChatResult(prefixes={k: f"{output_prefix}_{k}_document" for k in keys})
+    result.prefixes["label"] = f"{output_prefix}_label_document"
+    builders = {k: MMapIndexedDatasetBuilder(p + ".bin", dtype,
+                                             values="labels" if k == "label" else "tokens")
+                for k, p in result.prefixes.items()}
+    eod = [tokenizer.eod] if rule.append_eod else []
+    documents = (_Records(files, rule) if rule.prompt_key
+                 else (tuple(d[k] for k in keys) for d in iter_documents(files, keys)))
+    try:
+        for record in progress(documents, total=num_docs, desc="documents", unit="doc"):
+            if rule.prompt_key:
+                prompt, completion = tokenizer.tokenize(record[0]), tokenizer.tokenize(record[1])
+                per_key = [prompt + completion + eod]
+                labels = [IGNORE_LABEL] * len(prompt) + completion + eod
+            else:
+                per_key = [tokenizer.tokenize(text) + eod for text in record]
+                labels = masked_labels(per_key[0], rule.mask_before)
+            if not per_key[0]:
+                continue  # an empty document, skipped as preprocess_data.py does
+            for key, tokens in zip(keys, per_key):
+                builders[key].add_item(tokens)
+                builders[key].end_document()
+            builders["label"].add_item(labels)
+            builders["label"].end_document()
+            result.documents += 1
+            result.tokens += len(per_key[0])
+            result.labelled += sum(1 for v in labels if v != IGNORE_LABEL)
+        for name, builder in builders.items():
+            builder.finalize(index_file_path(result.prefixes[name]))
+    except BaseException:
+        for builder in builders.values():
+            builder.abort()
+        raise
+    logger.info("wrote %d documents, %d tokens of which %d labels", result.documents,
+                result.tokens, result.labelled)
+    return result

@@ -1,0 +1,101 @@
+"""A15 for post-training: the training objective (`train_impl`), the kind of dataset and the files
+it reads agree. Each rule names the keys, their values and what to change.
+
+    train_impl  dataset_impl  data keys                                       pack_impl
+    normal      gpt2          data_path or *_data_paths [+ *_label_data_paths] any
+    kto         gpt2          *_data_paths + *_reward_data_paths [+ labels]   not packed
+    dpo, rm     pairwise      pos_*/neg_*_data_paths [+ their label files]    not packed
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping
+
+Config = Mapping[str, Any]
+SPLITS = ("train", "valid", "test")
+PAIRED_OBJECTIVES = ("dpo", "rm")
+
+
+def post_training_rules(c: Config, world_size: int | None) -> Iterator[str]:
+    yield from _parallel_lists(c)
+    yield from _objective_and_dataset(c)
+    yield from _coefficients(c)
+
+
+def _count(value) -> str:
+    return "no" if value is None else str(len(value))
+
+
+def _parallel_lists(c: Config) -> Iterator[str]:
+    """Label, reward and neg files pair with their data files by position: one each."""
+    for split in SPLITS:
+        for base, extra, what in (
+            (f"{split}_data_paths", f"{split}_label_data_paths", "label file"),
+            (f"{split}_data_paths", f"{split}_reward_data_paths", "reward file"),
+            (f"pos_{split}_data_paths", f"neg_{split}_data_paths", "rejected-response file"),
+            (f"pos_{split}_data_paths", f"pos_{split}_label_data_paths", "label file"),
+            (f"neg_{split}_data_paths", f"neg_{split}_label_data_paths", "label file"),
+        ):
+            paths, extras = c[base], c[extra]
+            if extras is not None and (paths is None or len(extras) != len(paths)):
+                yield (f"{extra} has {len(extras)} entries but {base} has {_count(paths)}; give "
+                       f"one {what} per {base} entry, in the same order.")
+        if c[f"pos_{split}_data_paths"] is not None and c[f"neg_{split}_data_paths"] is None:
+            yield (f"pos_{split}_data_paths needs neg_{split}_data_paths: one rejected-response "
+                   "file per chosen-response file.")
+        labels = (c[f"pos_{split}_label_data_paths"], c[f"neg_{split}_label_data_paths"])
+        if (labels[0] is None) != (labels[1] is None):
+            yield (f"pos_{split}_label_data_paths and neg_{split}_label_data_paths must be given "
+                   "together (or neither: every token of both carries loss).")
+    given = [c[f"pos_{s}_data_paths"] is not None for s in SPLITS]
+    if any(given) and not all(given):
+        yield ("pos_train_data_paths, pos_valid_data_paths and pos_test_data_paths (and their neg_ "
+               "files) must be given together.")
+
+
+def _objective_and_dataset(c: Config) -> Iterator[str]:
+    impl, kind, pack = c["train_impl"], c["dataset_impl"], c["pack_impl"]
+    plain = [k for k in ("data_path", "train_data_paths") if c[k] is not None]
+    pairs = c["pos_train_data_paths"] is not None
+    side_files = [f"{s}_{k}_data_paths" for s in SPLITS for k in ("label", "reward")
+                  if c[f"{s}_{k}_data_paths"] is not None]
+    if side_files and c["data_path"] is not None:
+        yield (f"{side_files[0]} pairs label and reward files with train/valid/test_data_paths; "
+               "data_path cannot carry them: name each split's files in *_data_paths instead.")
+    if kind == "pairwise":
+        if not pairs:
+            yield ("dataset_impl pairwise reads chosen/rejected pairs: set pos_train_data_paths and "
+                   "neg_train_data_paths (and the valid/test ones).")
+        if plain:
+            yield (f"dataset_impl pairwise reads pos_*/neg_* paths, not {plain[0]}; remove it.")
+        if pack == "packed":
+            yield ("pack_impl packed cuts documents across samples, which would misalign chosen and "
+                   "rejected responses; use pack_impl unpacked or pack_until_overflow with "
+                   "dataset_impl pairwise.")
+    elif pairs:
+        yield "pos_*/neg_* data paths are read with dataset_impl: pairwise; set it."
+    if impl in PAIRED_OBJECTIVES and kind != "pairwise":
+        yield (f"train_impl {impl} trains on chosen/rejected pairs: set dataset_impl: pairwise with "
+               "pos_*/neg_* data paths.")
+    if impl not in PAIRED_OBJECTIVES and kind == "pairwise":
+        yield (f"dataset_impl pairwise is for train_impl dpo or rm, not {impl}.")
+    rewards = c["train_reward_data_paths"] is not None
+    if impl == "kto":
+        if not rewards:
+            yield ("train_impl kto needs a reward per document: set train_reward_data_paths (and "
+                   "the valid/test ones) beside train_data_paths (preprocess_data_with_chat_"
+                   "template.py --reward-key).")
+        if pack == "packed":
+            yield ("train_impl kto rewards whole documents, which pack_impl packed cuts across "
+                   "samples; use pack_impl unpacked or pack_until_overflow.")
+    elif rewards:
+        yield f"train_reward_data_paths are read by train_impl kto only, not {impl}."
+
+
+def _coefficients(c: Config) -> Iterator[str]:
+    for key in ("dpo_beta", "kto_beta"):
+        if not c[key] > 0:
+            yield f"{key}({c[key]}) must be > 0."
+    for key in ("kto_desirable_weight", "kto_undesirable_weight", "z_loss"):
+        if not c[key] >= 0:
+            yield f"{key}({c[key]}) must be >= 0."
