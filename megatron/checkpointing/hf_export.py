@@ -132,6 +132,7 @@ def exported_config(args, ck, tokenizer) -> ModelConfig:
                          f"{ck.step_dir} embeds only {trained}: use the tokenizer the model was "
                          "trained with")
     config = model_config_from_args(args, trained)
+    ck.language_model("the Hugging Face export")
     check_architecture(config, ck.saved_model_config(args, trained), ck.step_dir)
     return config
 

@@ -24,6 +24,7 @@ from megatron.checkpointing.compatibility import check_compatible, describe_run,
 from megatron.checkpointing.errors import NoValidCheckpointError
 from megatron.checkpointing.layout import rng_file
 from megatron.checkpointing.locate import damaged, find_candidates, verify_checkpoint
+from megatron.checkpointing.model_shape import head_change
 from megatron.checkpointing.manifest import Manifest
 from megatron.checkpointing.retention import remove_leftovers
 from megatron.monitoring.logger import get_logger
@@ -66,10 +67,13 @@ def load_checkpoint(engine, ck) -> dict:
             _loud(f"{root / tag} was written by GPT-NeoX (no manifest): its files are checked "
                   "for completeness only, as it records no checksums")
         check_compatible(manifest.run, current, manifest.format_version, root / tag)
+        changes = layout_changes(manifest.run, current)
+        if head_change(manifest.run, current, bool(ck.finetune), root / tag):
+            changes.append("LM head: left out, the value head starts fresh")
         if rejected:
             _loud(f"loading {root / tag} instead, the newest checkpoint that verifies "
                   f"(skipped: {', '.join(t for t, _ in rejected)})")
-        return _load(engine, ck, root, tag, manifest, layout_changes(manifest.run, current))
+        return _load(engine, ck, root, tag, manifest, changes)
     raise NoValidCheckpointError(
         f"no checkpoint in {root} can be loaded:\n"
         + "\n".join(f"  {tag}:\n    - " + "\n    - ".join(p) for tag, p in rejected)
@@ -127,6 +131,9 @@ def _load_resharded(engine, ck, directory: Path, manifest: Manifest, changes: li
     saved_optimizer = bool(manifest.contents.get("optimizer", True))
     full = reshard.read_full_state(directory, manifest, saved_optimizer, wanted,
                                    required=load_optimizer)
+    for name in wanted - set(full.weights):  # a fresh value head keeps its initial weights
+        if name.endswith(".value.weight"):
+            full.weights[name] = reshard.initial_value(engine, name)
     reshard.place_full_state(engine, full, engine.run.sharding, engine.run.optimizer_state,
                              load_optimizer=load_optimizer,
                              load_lr_schedule=not (ck.finetune or ck.no_load_optim),

@@ -30,7 +30,27 @@ def describe_shape(args, padded_vocab_size: int | None) -> dict:
     m, d = args.model, args.derived
     return {"num_layers": m.num_layers, "hidden_size": m.hidden_size,
             "num_attention_heads": m.num_attention_heads, "num_kv_heads": d.num_kv_heads,
-            "intermediate_size": d.intermediate_size, "padded_vocab_size": padded_vocab_size}
+            "intermediate_size": d.intermediate_size, "padded_vocab_size": padded_vocab_size,
+            "value_head": args.training.train_impl == "rm"}
+
+
+def head_change(saved: dict, current: dict, finetune: bool, where) -> bool:
+    """Whether the checkpoint's language-model head gives way to this run's value head (a
+    reward model fine-tuned from a language model: the head starts fresh). ValueError for
+    the changes that cannot load: a reward model into a language model, or a language model
+    into a reward model without finetune."""
+    was, now = bool(saved.get("value_head")), bool(current.get("value_head"))
+    if was == now:
+        return False
+    if was:
+        raise ValueError(f"checkpoint {where} is a reward model (train_impl rm: a value head, no "
+                         "LM head) and cannot be loaded as a language model; load it with "
+                         "train_impl: rm, or load a language-model checkpoint")
+    if not finetune:
+        raise ValueError(f"checkpoint {where} is a language model; a reward model starts from one "
+                         "with finetune: true (its LM head is left out and the value head starts "
+                         "fresh)")
+    return True
 
 
 def resumed_vocab(default: int, saved: int | None, tp: int, token_ids: int, where) -> int:

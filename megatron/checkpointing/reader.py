@@ -45,6 +45,16 @@ class CheckpointWeights:
         """Rows of the embedding in the checkpoint (its padded vocabulary)."""
         return int(self.canonical["0.word_embeddings.weight"].shape[0])
 
+    def language_model(self, what: str) -> None:
+        """Refuse a reward model's checkpoint (a value head, no LM head) for `what` needs
+        next-token logits."""
+        saved = self.saved_args
+        if saved is not None and saved.training.train_impl == "rm":
+            raise ValueError(f"checkpoint {self.step_dir} is a reward model (train_impl rm: a "
+                             f"value head in place of the LM head); {what} needs a language "
+                             "model: load the checkpoint the reward model was trained from, or "
+                             "a policy checkpoint")
+
     def saved_model_config(self, run_args, padded_vocab_size: int):
         """The ModelConfig of the checkpoint's own architecture (see the module docstring)."""
         from megatron.model.config import model_config_from_args

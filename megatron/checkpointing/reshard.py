@@ -89,6 +89,20 @@ def local_names(engine) -> set[str]:
     return {canonical_param_name(n) for n, _ in engine.engine.module.named_parameters()}
 
 
+def initial_value(engine, name: str) -> torch.Tensor:
+    """The engine's own (freshly initialised) full value of the replicated parameter `name`."""
+    for module_name, param in engine.engine.module.named_parameters():
+        if canonical_param_name(module_name) != name:
+            continue
+        if hasattr(param, "ds_tensor"):  # ZeRO 3 holds a partition: gather the whole
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([param]):
+                return param.detach().clone()
+        return param.detach().clone()
+    raise KeyError(name)
+
+
 def place_full_state(engine, full: FullState, sharding: Sharding, optimizer_state: tuple[str, ...],
                      load_optimizer: bool, load_lr_schedule: bool, load_counters: bool) -> None:
     """Copy this rank's part of `full` into the engine (weights always; the optimizer's state

@@ -44,6 +44,7 @@ class ModelConfig:
     attention_softmax_in_fp32: bool = False
     rmsnorm_fusion: bool = False
     seed: int = 1234
+    value_head: bool = False  # a reward model: a value head in place of the LM head
 
     @property
     def head_dim(self) -> int:
@@ -92,4 +93,5 @@ def model_config_from_args(args, padded_vocab_size: int) -> ModelConfig:
         attention_softmax_in_fp32=m.attention_softmax_in_fp32,
         rmsnorm_fusion=m.rmsnorm_fusion,
         seed=args.training.seed,
+        value_head=args.training.train_impl == "rm",
     )

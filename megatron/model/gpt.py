@@ -1,7 +1,8 @@
 """The GPT model: one function builds layer specs; they become a PipelineModule or a plain module.
 
 Layer order: embedding -> num_layers transformer layers -> final norm -> LM head (a separate
-linear, or the input embedding's weight when `tied_embeddings`). Every layer passes the tuple
+linear, or the input embedding's weight when `tied_embeddings`; a reward model's value head
+instead, `value_head`). Every layer passes the tuple
 (hidden [b, s, h], position_ids [b, s], mask) to the next, where `mask` is a [b, 1, s, s]
 boolean keep-mask when documents are masked from each other, else a 1-element placeholder.
 """
@@ -16,6 +17,7 @@ from megatron.model.embedding import EmbeddingPipe, tied_lm_head
 from megatron.model.init import init_methods, layer_generator
 from megatron.model.norms import build_norm
 from megatron.model.recompute import Recompute
+from megatron.model.value_head import ValueHead
 from megatron.mpu.cross_entropy import vocab_parallel_cross_entropy
 from megatron.mpu.groups import NO_TP, TensorParallel
 from megatron.mpu.layers import ColumnParallelLinear, mark_sequence_parallel
@@ -51,7 +53,9 @@ def build_layer_specs(config, tp: TensorParallel = NO_TP) -> list:
         raise ValueError(f"sequence_parallel splits the sequence over tensor-parallel ranks: "
                          f"seq_length({config.seq_length}) must be divisible by "
                          f"model_parallel_size({tp.size})")
-    if config.tied_embeddings:
+    if config.value_head:  # a reward model: no LM head, so nothing is tied to the embedding
+        embed, head = LayerSpec(EmbeddingPipe, config, tp), LayerSpec(ValueHead, config, tp)
+    elif config.tied_embeddings:
         embed = TiedLayerSpec("embed", EmbeddingPipe, config, tp,
                               tied_weight_attr="word_embeddings.weight")
         head = TiedLayerSpec("embed", EmbeddingPipe, config, tp, forward_fn=tied_lm_head,

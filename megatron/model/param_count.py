@@ -22,6 +22,7 @@ from megatron.model.activations import GATED
 # class names of the layer specs (megatron/model/gpt.py build_layer_specs), which DeepSpeed's
 # "type:<regex>" partition method matches
 EMBEDDING, BLOCK, FINAL_NORM, HEAD = "EmbeddingPipe", "TransformerLayerPipe", "FinalNormPipe", "LMHead"
+VALUE_HEAD = "ValueHead"
 
 
 def norm_params(config) -> int:
@@ -56,7 +57,8 @@ def block_params(config, tp: int = 1) -> int:
 
 def layer_kinds(config) -> list[str]:
     """The class name of each layer spec, in pipeline order."""
-    head = EMBEDDING if config.tied_embeddings else HEAD
+    head = VALUE_HEAD if getattr(config, "value_head", False) else (
+        EMBEDDING if config.tied_embeddings else HEAD)
     return [EMBEDDING, *[BLOCK] * config.num_layers, FINAL_NORM, head]
 
 
@@ -65,7 +67,8 @@ def layer_params(config, tp: int = 1) -> list[int]:
     DeepSpeed's "parameters" partition method counts it)."""
     per_kind = {EMBEDDING: embedding_params(config, tp), BLOCK: block_params(config, tp),
                 FINAL_NORM: norm_params(config),
-                HEAD: config.padded_vocab_size // tp * config.hidden_size}
+                HEAD: config.padded_vocab_size // tp * config.hidden_size,
+                VALUE_HEAD: config.hidden_size}
     return [per_kind[kind] for kind in layer_kinds(config)]
 
 
@@ -104,7 +107,7 @@ def params_per_rank(config, tp: int = 1, pp: int = 0, method: str = "type:transf
     out = []
     for layers in stage_layers(config, pp, method, tp):
         total = sum(counts[i] for i in layers)
-        tied_here = config.tied_embeddings and 0 in layers and len(kinds) - 1 in layers
+        tied_here = (kinds[-1] == EMBEDDING and 0 in layers and len(kinds) - 1 in layers)
         out.append(total - (counts[-1] if tied_here else 0))  # one module serves both
     return out
 

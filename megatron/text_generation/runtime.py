@@ -109,6 +109,7 @@ def load_inference_model(args, tokenizer, tp, device: torch.device
         raise ValueError(f"the tokenizer has {limit} ids but the checkpoint {ck.step_dir} embeds "
                          f"only {trained}: this is not the tokenizer the model was trained with "
                          "(check tokenizer_type / vocab_file)")
+    ck.language_model("generation and evaluation")
     saved_config = ck.saved_model_config(args, trained)
     vocab = round_up(trained, tp.size)
     config = dataclasses.replace(model_config_from_args(args, vocab), padded_vocab_size=vocab)

@@ -35,7 +35,7 @@ from megatron.training.objectives import batch_options
 from megatron.training.reference import SOURCE_KEY as REFERENCE_KEY
 from megatron.training.reference import build_reference, reference_source
 from megatron.training.step import run_step
-from megatron.training.train_log import TrainLog, interval_means, metric_text
+from megatron.training.train_log import TrainLog, console_metrics, interval_means
 from megatron.safety import watchdog
 from megatron.safety.guard import StepGuard, TrainingStopped, weights_finite
 from megatron.safety.lock import run_lock
@@ -384,11 +384,16 @@ def _evaluate(args, engine, state: RunState, data_iter, tracker, summary: RunSum
     short = "val" if split == "validation" else "test"
     when = (f"at iteration {state.iteration}" if split == "validation"
             else f"at the end of training (iteration {state.iteration})")
-    extra = interval_means(engine.objective, [r.metrics for r in results])
-    line = f" {split} {when} | {short}_loss {loss:.4f} | {short}_ppl {ppl:.2f}"
-    line += "".join(f" | {k} {metric_text(v)}" for k, v in extra.items())
-    tracker.log({f"{short}_loss": loss, f"{short}_ppl": ppl,
-                 **{f"{split}/{k}": v for k, v in extra.items()}}, state.iteration, console=line)
+    objective = engine.objective
+    extra = interval_means(objective, [r.metrics for r in results])
+    language_model = objective is None or objective.name == "normal"
+    line = f" {split} {when} | {short}_loss {loss:.4f}"  # the objective's loss
+    line += f" | {short}_ppl {ppl:.2f}" if language_model else ""
+    line += "".join(f" | {part.strip(' |')}" for part in
+                    console_metrics(objective, extra).split(" | ") if part.strip(" |"))
+    values = {f"{short}_loss": loss, **({f"{short}_ppl": ppl} if language_model else {})}
+    tracker.log({**values, **{f"{split}/{k}": v for k, v in extra.items()}}, state.iteration,
+                console=line)
     if tasks is not None:
         from megatron.evaluation.during_training import console_line
 

@@ -4,7 +4,8 @@
     est = training_estimate(args, padded_vocab, layout, device="cpu")
     est.total, est.terms, est.summary()                # bytes; (name, bytes) pairs; one line
 
-Everything is per worker (one rank) and in bytes; `summary()` prints GiB (2^30 bytes). With
+Everything is per worker (one rank) and in bytes; chosen/rejected pairs (dpo, rm) put twice
+the micro-batch through the model; `summary()` prints GiB (2^30 bytes). With
 pipeline stages the estimate is that of the stage that needs the most.
 
 Training terms, with P the parameters on the rank (megatron/model/param_count.py, exact), d
@@ -31,6 +32,8 @@ the data-parallel degree and b the bytes of the run's dtype (fp32 4, bf16/fp16 2
                        pipeline stage holds min(pp, gradient_accumulation_steps) micro-batches
                        in flight (1F1B), stage k min(pp - k, gas).
 - backward working set  one layer's activations again: the gradients its backward allocates.
+- reference model    DPO / KTO, on the last stage: the whole model's weights on the tensor rank
+                     in the dtype, and the fp32 logits of its forward pass.
 - logits and loss    on the last stage: s*b*V/tp logits in the dtype, fp32 log-softmax kept for
                      backward and fp32 gradients of both (12 bytes + b per logit, 12 in fp32).
 - framework          a stated constant per worker: FRAMEWORK_BYTES (torch, DeepSpeed and gloo
@@ -155,8 +158,28 @@ def _stage_estimate(args, config, layout: Layout, device: str, params: int, bloc
     terms += [("activations", in_flight * act.stored(blocks)),
               ("backward working set", act.layer if blocks else 0),
               ("logits and loss", act.logits if last else 0),
+              ("reference model", reference_bytes(args, config, layout.tp) if last else 0),
               ("framework", framework_bytes(args, device))]
     return MemoryEstimate(tuple(terms), params, layout, stage, act.note)
+
+
+def reference_bytes(args, config, tp: int) -> int:
+    """DPO / KTO's frozen reference model on the last stage: the whole model's weights on a
+    tensor-parallel rank, in the run's dtype, and the logits of its forward pass."""
+    t = args.training
+    if t.train_impl not in ("dpo", "kto") or (t.train_impl == "dpo" and t.dpo_reference_free):
+        return 0
+    from megatron.model.param_count import params_per_rank
+
+    b = DTYPE_BYTES[args.derived.precision]
+    rows = rows_per_sample(args) * args.derived.train_micro_batch_size_per_gpu
+    return (params_per_rank(config, tp)[0] * b
+            + rows * config.seq_length * (config.padded_vocab_size // tp) * 4)
+
+
+def rows_per_sample(args) -> int:
+    """Sequences the model reads per sample: 2 for chosen/rejected pairs (dpo, rm), else 1."""
+    return 2 if args.training.train_impl in ("dpo", "rm") else 1
 
 
 def framework_bytes(args, device: str) -> int:
@@ -189,11 +212,14 @@ class Activations:
 
     @classmethod
     def from_args(cls, args, config, tp: int, device: str) -> "Activations":
-        s, mb = config.seq_length, args.derived.train_micro_batch_size_per_gpu
+        s = config.seq_length
+        mb = args.derived.train_micro_batch_size_per_gpu * rows_per_sample(args)
         e = DTYPE_BYTES[args.derived.precision]
         sp = args.parallelism.sequence_parallel and tp > 1
         layer, note = layer_activation_bytes(config, mb, s, tp, sp, e, device)
         logits = mb * s * (config.padded_vocab_size // tp) * (12 + (e if e < 4 else 0))
+        if getattr(config, "value_head", False):
+            logits = mb * s * 12  # one fp32 value per position, its gradient and the loss's
         return cls(layer=layer, layer_input=mb * s * config.hidden_size * e // (tp if sp else 1),
                    logits=logits, checkpointed=args.parallelism.checkpoint_activations, note=note)
 

@@ -91,6 +91,7 @@ def _load_model(args, model_config, tp, source: dict):
                                 "compare the policy with the checkpoint training started from): "
                                 "restore it at that path")
     ck = read_checkpoint(str(path), None, run_args=args)
+    ck.language_model("a reference model")
     saved_config = ck.saved_model_config(args, ck.trained_vocab)
     config = dataclasses.replace(model_config, hidden_dropout=0.0, attention_dropout=0.0)
     check_architecture(config, saved_config, ck.step_dir)

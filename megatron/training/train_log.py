@@ -74,8 +74,9 @@ class TrainLog:
         metrics["memory_gib"] = memory_gib()
         objective = interval_means(engine.objective, step_metrics or [])
         metrics.update(objective)
-        line = (f" iteration {iteration:>6}/{self._train_iters} | lm_loss {loss:.4f} | "
-                + "".join(f"{k} {metric_text(v)} | " for k, v in objective.items())
+        loss_name = getattr(engine.objective, "loss_name", "lm_loss")
+        line = (f" iteration {iteration:>6}/{self._train_iters} | {loss_name} {loss:.4f} | "
+                + console_metrics(engine.objective, objective)
                 + f"lr {lr:.3e} | "
                 + (f"grad_norm {grad_norm:.3f} | " if grad_norm is not None else "")
                 + f"{metrics['tokens_per_sec']:,.0f} tokens/s | {iter_time * 1e3:.1f} ms/iter")
@@ -106,6 +107,12 @@ def interval_means(objective, steps: list[dict]) -> dict:
         return {}
     return {name: sum(s[name] for s in steps) / len(steps) for name in objective.metric_names
             if all(name in s for s in steps)}
+
+
+def console_metrics(objective, values: dict) -> str:
+    """'name value | ' for each metric the objective shows on the console."""
+    shown = getattr(objective, "console_metrics", ())
+    return "".join(f"{k} {metric_text(v)} | " for k, v in values.items() if k in shown)
 
 
 def metric_text(value: float) -> str:

@@ -18,6 +18,8 @@ class Objective:
     summed_metrics: frozenset = frozenset()  # summed over a step's micro-batches, not averaged
 
     metric_names: tuple[str, ...] = ()  # every metric `loss` returns, in a fixed order
+    console_metrics: tuple[str, ...] = ()  # the few of them the console line shows
+    loss_name = "lm_loss"  # the console's name of the loss (trackers keep GPT-NeoX's lm_loss)
 
     def __init__(self, tp: TensorParallel = NO_TP):
         self.tp = tp

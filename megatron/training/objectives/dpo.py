@@ -44,6 +44,8 @@ def split_pairs(per_row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class DPO(Objective):
     name = "dpo"
+    loss_name = "dpo_loss"
+    console_metrics = ("margins", "reward_acc")
     batch_keys = (PAIR_KEYS,)
     reference_slot = 3
     summed_metrics = frozenset({"pairs"})

@@ -28,6 +28,8 @@ from megatron.training.objectives.common import (BatchOptions, last_in_segment, 
 
 class KTO(Objective):
     name = "kto"
+    loss_name = "kto_loss"
+    console_metrics = ("kto_kl", "chosen_rewards", "rejected_rewards")
     batch_keys = (frozenset({"text", "label", "segment", "reward"}),)
     reference_slot = 3
     summed_metrics = frozenset({"desirable", "undesirable"})

@@ -28,6 +28,7 @@ class LanguageModel(Objective):
         super().__init__(tp)
         # with label files (or padded samples) only some positions carry loss: count them
         self.metric_names = ("supervised_tokens",) if supervised else ()
+        self.console_metrics = self.metric_names
 
     @classmethod
     def from_args(cls, args, tp: TensorParallel = NO_TP) -> "LanguageModel":

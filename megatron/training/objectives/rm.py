@@ -25,6 +25,8 @@ from megatron.training.objectives.dpo import PAIR_KEYS, pair_inputs, split_pairs
 
 class RewardModel(Objective):
     name = "rm"
+    loss_name = "rm_loss"
+    console_metrics = ("margin", "accuracy")
     batch_keys = (PAIR_KEYS,)
     output = "values"
     summed_metrics = frozenset({"pairs"})
