@@ -3,7 +3,9 @@
     export_to_hf(Path("checkpoints/tiny/global_step200"), args, Path("hf/tiny"))
 
     <out>/config.json                 GPTNeoXConfig or LlamaConfig (hf_mapping picks the one that
-                                      holds the model; one that none holds is refused, with why)
+                                      holds the model; one that none holds is refused, with why);
+                                      a reward model (train_impl rm) is written as the
+                                      ...ForSequenceClassification of one label, as GPT-NeoX does
     <out>/model.safetensors           the weights (sharded with an index when large)
     <out>/generation_config.json      bos = eos = the tokenizer's end-of-document id
     <out>/tokenizer.json              for tokenizers built on `tokenizers` (HFTokenizer,
@@ -32,7 +34,7 @@ from megatron.checkpointing.locate import step_directory
 from megatron.checkpointing.model_shape import check_architecture
 from megatron.checkpointing.reader import CheckpointWeights, read_checkpoint
 from megatron.model.config import ModelConfig, model_config_from_args
-from megatron.model.hf_mapping import HF_CLASSES, architecture_for, to_hf_model
+from megatron.model.hf_mapping import architecture_for, hf_class_name, to_hf_model
 from megatron.monitoring.logger import get_logger
 from megatron.monitoring.progress import progress
 
@@ -81,8 +83,8 @@ def export_to_hf(step_dir: Path, args, output_dir: Path | None, architecture: st
         save_hf_model(model, output_dir)
         write_hf_tokenizer(tokenizer, output_dir, config.max_position_embeddings)
         bar.update()
-    log.info("wrote %s (%s) from %s to %s", HF_CLASSES[name], str(dtype).replace("torch.", ""),
-             ck.step_dir, output_dir)
+    log.info("wrote %s (%s) from %s to %s", hf_class_name(config, name),
+             str(dtype).replace("torch.", ""), ck.step_dir, output_dir)
     return output_dir
 
 
@@ -132,7 +134,6 @@ def exported_config(args, ck, tokenizer) -> ModelConfig:
                          f"{ck.step_dir} embeds only {trained}: use the tokenizer the model was "
                          "trained with")
     config = model_config_from_args(args, trained)
-    ck.language_model("the Hugging Face export")
     check_architecture(config, ck.saved_model_config(args, trained), ck.step_dir)
     return config
 

@@ -16,6 +16,7 @@ embeds), so the logits match column for column. Needs `transformers`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 
 import torch
@@ -24,6 +25,9 @@ from megatron.model.config import ModelConfig
 
 ARCHITECTURES = {"neox": "megatron.model.hf_neox", "llama": "megatron.model.hf_llama"}
 HF_CLASSES = {"neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM"}
+# a reward model (ModelConfig.value_head): the same body with a one-label `score` head
+HF_REWARD_CLASSES = {"neox": "GPTNeoXForSequenceClassification",
+                     "llama": "LlamaForSequenceClassification"}
 _TITLES = {"neox": "GPTNeoX", "llama": "Llama"}
 
 
@@ -99,27 +103,52 @@ def _no_random_init():
         yield
 
 
+def hf_class_name(config: ModelConfig, name: str) -> str:
+    """The HF class of the model: a causal LM, or for a reward model a sequence classifier."""
+    return (HF_REWARD_CLASSES if config.value_head else HF_CLASSES)[name]
+
+
 def to_hf_model(canonical: dict[str, torch.Tensor], config: ModelConfig,
                 eos_token_id: int | None = None, attn_implementation: str = "sdpa",
                 architecture: str = "auto", dtype: torch.dtype = torch.float32, **extra):
-    """The HF causal LM (in eval mode, `dtype`) holding the same weights."""
+    """The HF causal LM (in eval mode, `dtype`) holding the same weights; for a reward model
+    (`config.value_head`) the sequence classifier of one label whose `score` is the value head
+    (HF reads it at the last token that is not padding, so `pad_token_id` must be given)."""
     import transformers
 
     name = architecture_for(config, architecture)
+    if config.value_head:
+        extra = {**extra, "num_labels": 1}
     hf_cfg = hf_config(config, eos_token_id, name, **extra)
     hf_cfg._attn_implementation = attn_implementation
     with _no_random_init():
-        model = getattr(transformers, HF_CLASSES[name])(hf_cfg)
-    head = next(n for n, m in model.named_modules() if m is model.get_output_embeddings())
-    state = hf_state_dict(canonical, config, name, f"{head}.weight")
+        model = getattr(transformers, hf_class_name(config, name))(hf_cfg)
+    if config.value_head:
+        state = _reward_state_dict(canonical, config, name)
+    else:
+        head = next(n for n, m in model.named_modules() if m is model.get_output_embeddings())
+        state = hf_state_dict(canonical, config, name, f"{head}.weight")
     missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()},
                                                 strict=False)
     missing = [m for m in missing if not m.endswith(("attention.bias", "attention.masked_bias",
                                                      "rotary_emb.inv_freq"))]
     if missing or unexpected:
-        raise ValueError(f"Hugging Face {HF_CLASSES[name]} state does not match: missing "
-                         f"{missing}, unexpected {unexpected}")
+        raise ValueError(f"Hugging Face {hf_class_name(config, name)} state does not match: "
+                         f"missing {missing}, unexpected {unexpected}")
     return model.to(dtype).eval()
+
+
+def _reward_state_dict(canonical: dict[str, torch.Tensor], config: ModelConfig, name: str
+                       ) -> dict[str, torch.Tensor]:
+    """HF names -> tensors of a reward model: the body as for a causal LM, the value head as
+    `score.weight` [1, h]."""
+    value = f"{config.num_layers + 2}.value.weight"
+    body = dataclasses.replace(config, tied_embeddings=True, value_head=False)  # no LM head
+    state = mapping_module(name).hf_state_dict(
+        {k: v for k, v in canonical.items() if k != value}, body)
+    state.pop("lm_head.weight")
+    state["score.weight"] = canonical[value]
+    return state
 
 
 def hf_model_config(hf_cfg) -> tuple[str, ModelConfig]:
