@@ -70,20 +70,21 @@ def reference_source(args, resumed: dict) -> dict:
 
 def build_reference(args, engine, model_config, source: dict) -> ReferenceModel | None:
     """This rank's reference model read from `source` (reference_source), or None on a
-    pipeline stage other than the last. Every rank reads the checkpoint files itself."""
+    pipeline stage other than the last. Collective: the checkpoint is verified by all ranks
+    together, then each keeps what it needs."""
+    weights = _read_weights(args, model_config, source)
     if engine.is_pipeline and not engine.engine.is_last_stage():
         return None
     device = next(engine.engine.module.parameters()).device
-    model = _load_model(args, model_config, engine.tp, source).to(device)
+    model = _build_model(args, model_config, engine.tp, weights).to(device)
     log.info("reference model: %s (iteration %s), frozen", source["path"], source["iteration"])
     return ReferenceModel(model, engine.tp, source, getattr(engine.objective, "fp32", True))
 
 
-def _load_model(args, model_config, tp, source: dict):
+def _read_weights(args, model_config, source: dict) -> dict:
+    """The reference checkpoint's canonical weights, padded to this run's vocabulary."""
     from megatron.checkpointing.model_shape import check_architecture
     from megatron.checkpointing.reader import read_checkpoint, resize_vocab
-    from megatron.model.gpt import GPTModel
-    from megatron.model.partition import Sharding
 
     path = Path(source["path"])
     if not path.is_dir():
@@ -92,10 +93,16 @@ def _load_model(args, model_config, tp, source: dict):
                                 "restore it at that path")
     ck = read_checkpoint(str(path), None, run_args=args)
     ck.language_model("a reference model")
-    saved_config = ck.saved_model_config(args, ck.trained_vocab)
+    check_architecture(model_config, ck.saved_model_config(args, ck.trained_vocab), ck.step_dir)
+    return resize_vocab(ck.canonical, model_config.num_layers, model_config.padded_vocab_size)
+
+
+def _build_model(args, model_config, tp, weights: dict):
+    """The reference model: no dropout, this rank's tensor-parallel shard, the run's dtype."""
+    from megatron.model.gpt import GPTModel
+    from megatron.model.partition import Sharding
+
     config = dataclasses.replace(model_config, hidden_dropout=0.0, attention_dropout=0.0)
-    check_architecture(config, saved_config, ck.step_dir)
-    weights = resize_vocab(ck.canonical, config.num_layers, config.padded_vocab_size)
     model = GPTModel(config, tp)
     model.load_state_dict(Sharding.for_model(config).shard_model(weights, tp), strict=True)
     return model.to(dtype=DTYPES[args.derived.precision])
