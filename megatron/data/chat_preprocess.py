@@ -216,6 +216,7 @@ def preprocess_chat(inputs: str | Sequence[str], output_prefix: str, tokenizer_p
     tokenizer = load_chat_tokenizer(tokenizer_path)
     files = expand_inputs(inputs)
     dtype = best_fitting_dtype(len(tokenizer))
+    os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)
     result = ChatResult()
     builders: dict[str, MMapIndexedDatasetBuilder] = {}
     for key in jsonl_keys:

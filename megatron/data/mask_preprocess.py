@@ -17,6 +17,7 @@ With `append_eod` the end-of-document token follows, carrying loss.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -100,6 +101,7 @@ def preprocess_masked(inputs: str | Sequence[str], output_prefix: str, tokenizer
         raise ValueError("say where the loss starts: --mask-before-token, or --prompt-key and "
                          "--completion-key")
     keys = ["text"] if rule.prompt_key else list(jsonl_keys)
+    os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)
     dtype = best_fitting_dtype(max(tokenizer.vocab_size, tokenizer.max_token_id + 1))
     result = ChatResult(prefixes={k: f"{output_prefix}_{k}_document" for k in keys})
     result.prefixes["label"] = f"{output_prefix}_label_document"

@@ -1,0 +1,130 @@
+"""preprocess_data_with_chat_template.py: conversations rendered with the tokenizer's own chat
+template (the text transformers' apply_chat_template gives), labels only on the assistant
+turns, GPT-NeoX's file names and flags, and a clear error for each kind of bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from megatron.data.chat_preprocess import ChatOptions, load_chat_tokenizer, preprocess_chat, render
+from megatron.data.indexed_dataset import IGNORE_LABEL, MMapIndexedDataset
+from tests.posttraining.chat_data import (answer, kto_records, make_chat_tokenizer, question,
+                                          sft_records, write_jsonl)
+from tests.runs import ROOT, explain
+
+SCRIPT = ROOT / "tools" / "datasets" / "preprocess_data_with_chat_template.py"
+
+
+@pytest.fixture(scope="module")
+def tok_dir(small_data, tmp_path_factory):
+    return make_chat_tokenizer(small_data[1], tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tok_dir):
+    return load_chat_tokenizer(str(tok_dir))
+
+
+def text(tokenizer, ids) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def test_the_tokens_are_the_templates_rendering_and_only_assistant_turns_are_labels(tokenizer):
+    messages = [{"role": "system", "content": "be brief"}, question("red"), answer("red"),
+                question("blue"), answer("blue")]
+    tokens, labels = render(tokenizer, messages)
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert text(tokenizer, tokens) == rendered + tokenizer.eos_token  # GPT-NeoX appends EOS
+    assert len(labels) == len(tokens)
+    kept = [t for t, lab in zip(tokens, labels) if lab != IGNORE_LABEL]
+    assert all(lab in (IGNORE_LABEL, t) for t, lab in zip(tokens, labels))
+    # the answers with their end-of-turn, and the final EOS; never the generation prompt
+    assert text(tokenizer, kept) == "cherry!<|end|>sky!<|end|>" + tokenizer.eos_token
+    only_last = [t for t, lab in zip(*render(tokenizer, messages, ChatOptions(only_last=True)))
+                 if lab != IGNORE_LABEL]
+    assert text(tokenizer, only_last) == "sky!<|end|>" + tokenizer.eos_token
+
+
+def test_reward_model_and_unmasked_formats(tokenizer):
+    messages = [question("red"), answer("red")]
+    tokens, labels = render(tokenizer, messages, ChatOptions(for_rm=True))
+    eos = tokenizer.eos_token_id
+    assert tokens[-2:] == [eos, eos] and labels[-1] == eos  # one position a reward model reads
+    assert set(labels[:-1]) == {IGNORE_LABEL}
+    tokens, labels = render(tokenizer, messages, ChatOptions(no_mask=True))
+    assert labels == tokens and text(tokenizer, tokens) == \
+        tokenizer.apply_chat_template(messages, tokenize=False)
+
+
+@pytest.mark.parametrize("messages, message", [
+    ([question("red"), {"role": "user", "content": "and?"}],
+     "has no 'assistant' turn (roles: user), so nothing in it would be trained on"),
+    ("hello", "expected a non-empty list of messages"),
+    ([{"role": "user", "content": 3}], "message 1 is not"),
+])
+def test_bad_conversations_are_refused_naming_where(tokenizer, messages, message):
+    with pytest.raises(ValueError, match="chats.jsonl line 7") as err:
+        render(tokenizer, messages, where="chats.jsonl line 7")
+    assert message in str(err.value)
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused(tok_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    # the last message is rendered differently from the same message followed by more
+    tok.chat_template = ("{% for m in messages %}{% if loop.last %}<|end|>{% endif %}"
+                         "<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}")
+    with pytest.raises(ValueError, match="do not begin with the rendering of messages 1..1"):
+        render(tok, [question("red"), answer("red")])
+
+
+def test_a_tokenizer_without_a_chat_template_is_refused(tok_dir, tmp_path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for name in ("tokenizer.json",):
+        (plain / name).write_bytes((tok_dir / name).read_bytes())
+    config = json.loads((tok_dir / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="has no chat template"):
+        load_chat_tokenizer(str(plain))
+
+
+def test_the_script_writes_gpt_neox_named_files_that_belong_together(tok_dir, tmp_path):
+    data = write_jsonl(tmp_path / "chats.jsonl", kto_records(20, seed=3))
+    out = tmp_path / "out" / "train"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--input", str(data), "--jsonl-keys",
+                           "messages", "--tokenizer-path", str(tok_dir), "--output-prefix",
+                           str(out), "--reward-key", "reward", "--workers", "2"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, explain(proc)
+    tokens = MMapIndexedDataset(f"{out}_messages_document")
+    labels = MMapIndexedDataset(f"{out}_messages_label_document")
+    rewards = MMapIndexedDataset(f"{out}_messages_reward_document")
+    assert len(tokens) == len(labels) == len(rewards) == 20
+    assert np.array_equal(tokens.sizes, labels.sizes) and labels.dtype == np.int32
+    assert [float(rewards.get(i)[0]) for i in range(4)] == [1.0, -1.0, 1.0, -1.0]
+    one = preprocess_chat(str(data), str(tmp_path / "one"), str(tok_dir), ["messages"],
+                          reward_key="reward")
+    for kind in ("tokens", "labels"):  # two processes write what one does
+        a = MMapIndexedDataset(one.prefixes[f"messages/{kind}"])
+        b = tokens if kind == "tokens" else labels
+        assert all(np.array_equal(a.get(i), b.get(i)) for i in range(20))
+
+
+def test_a_missing_key_or_a_bad_reward_names_the_line(tok_dir, tmp_path):
+    data = write_jsonl(tmp_path / "chats.jsonl", sft_records(3, seed=0))
+    with pytest.raises(ValueError, match=r"chats.jsonl line 1 has no key 'conversation'"):
+        preprocess_chat(str(data), str(tmp_path / "x"), str(tok_dir))
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"messages": [question("red"), answer("red")],
+                                                "reward": "great"}])
+    with pytest.raises(ValueError, match=r"bad.jsonl line 1: reward 'great' is not a number"):
+        preprocess_chat(str(bad), str(tmp_path / "y"), str(tok_dir), ["messages"],
+                        reward_key="reward")
+    assert not list(tmp_path.glob("y_*"))  # nothing half-written is left
