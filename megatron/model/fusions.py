@@ -8,8 +8,8 @@ GPT-NeoX's fusion flags pick its CUDA extension kernels. This project has none o
 - layernorm_fusion: torch.nn.LayerNorm is already one fused op (native_layer_norm).
 - rmsnorm_fusion: selects torch's rms_norm op (`FusedRMSNorm`, megatron/model/norms.py) instead
   of the written-out reference; same parameters, same fp32 computation.
-- bias_gelu_fusion, bias_dropout_fusion, rope_fusion: no fused kernel exists here; the eager
-  ops run (the linear layers add their bias inside the matmul).
+- bias_gelu_fusion, bias_dropout_fusion, rope_fusion, use_flashattn_swiglu: no fused kernel
+  exists here; the eager ops run (the linear layers add their bias inside the matmul).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 FUSION_FLAGS = (
     "scaled_upper_triang_masked_softmax_fusion", "scaled_masked_softmax_fusion",
     "bias_gelu_fusion", "bias_dropout_fusion", "rope_fusion", "layernorm_fusion",
-    "rmsnorm_fusion",
+    "rmsnorm_fusion", "use_flashattn_swiglu",
 )
 
 _SDPA = "torch scaled_dot_product_attention runs scale, {} and softmax as one fused kernel"
@@ -49,6 +49,10 @@ def _path(flag: str, model) -> str:
         if model.pos_emb != "rotary":
             return f"pos_emb is {model.pos_emb}, not rotary; nothing to fuse"
         return "no fused rotary kernel here; the eager rotate-half rotary (in fp32) runs"
+    if flag == "use_flashattn_swiglu":
+        if model.activation != "swiglu":
+            return f"activation is {model.activation}, not swiglu; nothing to fuse"
+        return "no flash-attn SwiGLU kernel here; the eager silu(gate) * value runs"
     raise ValueError(f"{flag!r} is not a fusion flag; valid: {', '.join(FUSION_FLAGS)}")
 
 

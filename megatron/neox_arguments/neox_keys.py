@@ -68,7 +68,7 @@ NOT_YET_IMPLEMENTED: frozenset[str] = frozenset({
     # model
     "expansion_factor", "use_qk_layernorm", "rpe_num_buckets",
     "rpe_max_distance", "opt_pos_emb_offset", "sparsity_config", "num_unique_layers",
-    "param_sharing_style", "use_flashattn_swiglu", "fp16_lm_cross_entropy",
+    "param_sharing_style", "fp16_lm_cross_entropy",
     "apply_query_key_layer_scaling", "use_cpu_initialization", "rotary_save_freqs_buffer",
     "gmlp_attn_dim", "soft_prompt_tuning", "mamba_selective_scan_fusion",
     "mamba_causal_conv_fusion", "mamba_inner_func_fusion", "mamba_selective_fp32_params",
@@ -223,7 +223,6 @@ NEOX_DEFAULTS: dict[str, Any] = {
     "train_epochs": None,
     "use_bnb_optimizer": False,
     "use_cpu_initialization": False,
-    "use_flashattn_swiglu": False,
     "use_mup": False,
     "use_qk_layernorm": False,
     "use_shared_fs": True,
@@ -287,12 +286,21 @@ def default_clause(key: str, value: Any) -> str:
     )
 
 
+# Keys of GPT-NeoX's online REINFORCE training (train_impl reinforce), refused as a whole.
+ONLINE_TRAINING_KEYS = frozenset({
+    "fp32_reinforce", "kl_div_beta", "kl_impl", "reinforce_leave_one_out",
+    "online_dataserver_ips", "online_dataserver_ports", "serve_model_weights",
+    "weight_server_port",
+})
+
+
 def not_implemented_reason(key: str, value: Any) -> str:
     """Why a GPT-NeoX key in NOT_YET_IMPLEMENTED set to `value` is refused, and what to do."""
-    text = (
-        f"'{key}' is a GPT-NeoX option this project does not implement yet; "
-        f"{default_clause(key, value)}"
-    )
+    what = ("an option of GPT-NeoX's online REINFORCE training (train_impl reinforce, fed by a "
+            "generation server), which this project does not support: use train_impl dpo, kto "
+            "or rm on offline data" if key in ONLINE_TRAINING_KEYS
+            else "a GPT-NeoX option this project does not implement yet")
+    text = f"'{key}' is {what}; {default_clause(key, value)}"
     if key in DEEPSPEED_PASSTHROUGH:
         text += "; to pass it to DeepSpeed unchanged, put it inside deepspeed_extra_args"
     return text + "; remove it from the config"

@@ -67,3 +67,29 @@ def test_prof_config_turns_on_profiling():
     beyond = r"profile_step_start\(10\) and profile_step_stop\(12\) reach beyond train_iters\(11\)"
     with pytest.raises(ConfigError, match=beyond):
         args.replace(train_iters=11)
+
+
+@pytest.mark.parametrize("name, impl, dataset, keys", [
+    ("sft", "normal", "gpt2", {"train_label_data_paths":
+                               ["data/sft/llama3_train_messages_label_document"]}),
+    ("dpo", "dpo", "pairwise", {"dpo_beta": 0.01, "dpo_fp32": True, "allow_chopped": False,
+                                "neg_train_label_data_paths":
+                                ["data/pairwise/llama3_dpo_train_rejected_label_document"]}),
+    ("kto", "kto", "gpt2", {"kto_beta": 0.1, "train_reward_data_paths":
+                            ["data/kto/llama3_train_messages_reward_document"]}),
+    ("rm", "rm", "pairwise", {"z_loss": 0.0, "pos_test_data_paths":
+                              ["data/pairwise/llama3_rm_val_chosen_document"]}),
+])
+def test_gpt_neox_post_training_configs_load(name, impl, dataset, keys):
+    args = NeoXArgs.from_ymls([NEOX / "post-training" / f"llama3-8b-{name}.yml"])
+    assert (args.training.train_impl, args.data.dataset_impl, args.data.pack_impl) == (
+        impl, dataset, "unpacked")
+    assert {k: getattr(args, k) for k in keys} == keys
+    assert args.checkpoint.finetune and args.model.use_flashattn_swiglu
+
+
+def test_gpt_neox_reinforce_config_is_refused_saying_online_training_is_not_supported():
+    with pytest.raises(ConfigError, match="'reinforce_leave_one_out' is an option of GPT-NeoX's "
+                                          "online REINFORCE training .* use train_impl dpo, kto "
+                                          "or rm on offline data"):
+        NeoXArgs.from_ymls([NEOX / "post-training" / "llama3-8b-reinforce.yml"])

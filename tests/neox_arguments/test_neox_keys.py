@@ -33,9 +33,8 @@ def test_key_at_neox_default_is_accepted_and_changes_nothing(key, tiny, config_l
 
 @pytest.mark.parametrize("key, value, default", [
     ("moe_num_experts", 8, "1"),
-    ("kl_div_beta", 0.2, "0.1"),
     ("use_shared_fs", False, "true"),
-    ("kl_impl", "abs", '"mse"'),
+    ("mup_width_scale", 4, "2"),
 ])
 def test_not_implemented_key_off_its_default_is_refused(key, value, default):
     with pytest.raises(ConfigError) as e:

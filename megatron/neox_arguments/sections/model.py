@@ -136,3 +136,8 @@ class ModelArgs:
         "With norm rmsnorm, run torch's rms_norm op instead of the written-out RMSNorm (same "
         "parameters, computed in fp32).",
     )
+    use_flashattn_swiglu: bool = option(
+        False,
+        "GPT-NeoX's flash-attn fused SwiGLU kernel. None is used here: the eager SwiGLU runs; "
+        "true logs that at startup.",
+    )
