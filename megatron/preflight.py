@@ -10,8 +10,11 @@ Comet) is installed (monitoring.trackers.check_trackers_installed).
 
 For train.py and tools/ckpts/reshard.py, the tokenizer's files load and no live run holds the
 save directory (megatron.safety.lock). For train.py, every data
-prefix has its `.bin`/`.idx` pair with a readable header (named with its config key), and fp16
-is asked for only where a local launch has CUDA (training.engine.check_precision_supported).
+prefix has its `.bin`/`.idx` pair with a readable header (named with its config key), label,
+reward and rejected-response files belong with their token files (megatron.data.aligned), DPO
+and KTO have a model to start from and compare with, a reward model starts from a language model
+only as a fine-tune, and fp16 is asked for only where a local launch has CUDA
+(training.engine.check_precision_supported).
 
 For a run that loads a checkpoint:
 - the padded vocabulary: the checkpoint's own size must split over this run's
@@ -91,7 +94,9 @@ def _check_memory(args, script: str, tokenizer, workers_here: int) -> None:
     check_memory(args, script, padded_vocab(args, tokenizer.vocab_size), workers_here)
 
 
-DATA_KEYS = ("data_path", "train_data_paths", "valid_data_paths", "test_data_paths")
+DATA_KEYS = ("data_path", "train_data_paths", "valid_data_paths", "test_data_paths",
+             *(f"{side}_{split}_data_paths" for side in ("pos", "neg")
+               for split in ("train", "valid", "test")))
 
 
 def _check_tasks_in_training(args) -> None:
@@ -120,6 +125,53 @@ def _check_training_inputs(args) -> None:
                 raise type(err)(f"{key}: {err}") from None
     if not args.launcher.hostfile:  # with a hostfile, the GPUs are on other machines
         check_precision_supported(args.derived.precision)
+    _check_side_files(args)
+    _check_post_training_start(args)
+
+
+def _check_side_files(args) -> None:
+    """The label, reward and rejected-response files belong with their token files (the checks
+    the workers make again when they build the datasets), each error naming both files."""
+    from megatron.data.aligned import check_pair, open_labels, read_rewards
+    from megatron.data.indexed_dataset import MMapIndexedDataset
+    from megatron.training.data import sample_options, token_paths
+
+    options = sample_options(args)
+    for s, paths in enumerate(token_paths(args)):
+        for i, prefix in enumerate(paths or []):
+            tokens = MMapIndexedDataset(prefix)
+            side = {kind: triple[s][i] for kind, triple in options.side_files.items()
+                    if triple[s] is not None}
+            if "neg" in side:
+                neg = MMapIndexedDataset(side["neg"])
+                check_pair(tokens, neg)
+                if "neg_label" in side:
+                    open_labels(side["neg_label"], neg)
+            if "label" in side:
+                open_labels(side["label"], tokens)
+            if "reward" in side:
+                read_rewards(side["reward"], tokens)
+
+
+def _check_post_training_start(args) -> None:
+    """DPO and KTO compare with the model training starts from: `load` must name one; a reward
+    model starts from a language model only as a fine-tune."""
+    t, ck = args.training, args.checkpoint
+    needs_reference = t.train_impl == "kto" or (t.train_impl == "dpo" and not t.dpo_reference_free)
+    if needs_reference and not ck.load:
+        free = " or dpo_reference_free: true" if t.train_impl == "dpo" else ""
+        raise ValueError(f"train_impl {t.train_impl} compares the policy with a reference model, "
+                         "the model training starts from, but load is not set: set load (with "
+                         f"finetune: true) to the model to fine-tune{free}")
+    if not ck.load:
+        return
+    from megatron.checkpointing.locate import planned_manifest
+    from megatron.checkpointing.model_shape import head_change
+
+    manifest = planned_manifest(Path(ck.load), ck.iteration)
+    if manifest is not None:
+        head_change(manifest.run, {"value_head": t.train_impl == "rm"}, bool(ck.finetune),
+                    Path(ck.load) / manifest.tag)
 
 
 def _check_vocab(args, tokenizer, saved: int | None, step_dir: Path) -> None:
