@@ -18,8 +18,11 @@ def chat_files(small_data, tmp_path_factory):
 @pytest.fixture(scope="session")
 def sft_run(chat_files, tmp_path_factory):
     """A tiny model fine-tuned from scratch on the chat task for 60 steps (checkpoints after
-    steps 1 and 60): the policy and reference of the preference runs."""
+    steps 1 and 60): the policy and reference of the preference runs. Its samples pack several
+    conversations (pack_until_overflow), each attending only to itself with its own positions,
+    as one conversation alone at generation."""
     run = tmp_path_factory.mktemp("sft")
     posttrain(chat_files, run, "normal", train_iters=60, eval_interval=30, checkpoint_factor=60,
-              extra_save_iters=[1])
+              extra_save_iters=[1], pack_impl="pack_until_overflow", reset_attention_mask=True,
+              reset_position_ids=True)
     return run
