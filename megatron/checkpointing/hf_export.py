@@ -9,7 +9,8 @@
     <out>/model.safetensors           the weights (sharded with an index when large)
     <out>/generation_config.json      bos = eos = the tokenizer's end-of-document id
     <out>/tokenizer.json              for tokenizers built on `tokenizers` (HFTokenizer,
-    <out>/tokenizer_config.json       GPT2BPETokenizer, HFGPT2Tokenizer); others: a warning
+    <out>/tokenizer_config.json       GPT2BPETokenizer, HFGPT2Tokenizer); others: a warning;
+                                      with the chat template of the vocab_file's folder
 
 The weights come from `reader.read_checkpoint`, every file verified first (any tensor/pipeline
 degree, any ZeRO stage); the model and tokenizer come from the run config `args`, whose
@@ -81,7 +82,8 @@ def export_to_hf(step_dir: Path, args, output_dir: Path | None, architecture: st
                             pad_token_id=tokenizer.pad)
         bar.update()
         save_hf_model(model, output_dir)
-        write_hf_tokenizer(tokenizer, output_dir, config.max_position_embeddings)
+        write_hf_tokenizer(tokenizer, output_dir, config.max_position_embeddings,
+                           chat_template_beside(tok.vocab_file))
         bar.update()
     log.info("wrote %s (%s) from %s to %s", hf_class_name(config, name),
              str(dtype).replace("torch.", ""), ck.step_dir, output_dir)
@@ -138,10 +140,27 @@ def exported_config(args, ck, tokenizer) -> ModelConfig:
     return config
 
 
-def write_hf_tokenizer(tokenizer, output_dir: Path, max_length: int) -> bool:
+def chat_template_beside(vocab_file: str | None):
+    """The chat template of the Hugging Face tokenizer directory holding `vocab_file` (its
+    chat_template.jinja, else the `chat_template` of its tokenizer_config.json), or None."""
+    if not vocab_file:
+        return None
+    folder = Path(vocab_file).parent
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    try:
+        settings = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return settings.get("chat_template") if isinstance(settings, dict) else None
+
+
+def write_hf_tokenizer(tokenizer, output_dir: Path, max_length: int,
+                       chat_template=None) -> bool:
     """tokenizer.json + tokenizer_config.json (a `PreTrainedTokenizerFast`: bos = eos = our
-    end-of-document token, pad = ours) when the tokenizer is built on `tokenizers`; else a
-    warning and False."""
+    end-of-document token, pad = ours, the chat template given) when the tokenizer is built on
+    `tokenizers`; else a warning and False."""
     from tokenizers import Tokenizer
 
     backend = getattr(tokenizer, "tokenizer", None)
@@ -154,5 +173,7 @@ def write_hf_tokenizer(tokenizer, output_dir: Path, max_length: int) -> bool:
     settings = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": eos,
                 "eos_token": eos, "pad_token": pad, "model_max_length": max_length,
                 "clean_up_tokenization_spaces": False}
+    if chat_template:
+        settings["chat_template"] = chat_template
     (output_dir / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
     return True

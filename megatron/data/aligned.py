@@ -1,6 +1,6 @@
 """Files that go with a token file position by position or document by document: label files
 (which positions carry loss), reward files (KTO) and the rejected side of chosen/rejected pairs.
-Each is checked against its token file when opened; a mismatch names both files.
+Each is checked against its token file when opened; a mismatch names both files (A35).
 
     labels = open_labels(label_prefix, tokens)        # same documents and sizes, labels agree
     rewards = read_rewards(reward_prefix, tokens)     # float64[documents]

@@ -174,8 +174,8 @@ def _set_nested(base: Any, path: list[str], value: Any, raw: str, source: str) -
 def merge_layer(
     resolved: Resolved, source: str, values: Mapping[str, Any], log_defaults: bool = False
 ) -> None:
-    """Apply one source's keys on top of `resolved`. A key set again is logged with both sources;
-    with log_defaults (command-line overrides), a key replacing its default is logged too."""
+    """Apply one source's keys on top of `resolved`. A key set again is logged with both sources
+    (at debug level when the value is the same); with log_defaults (command-line overrides), a key replacing its default is logged too."""
     written: dict[str, str] = {}
     for raw, value in values.items():
         head, *rest = raw.split(".") if isinstance(raw, str) else (raw,)
@@ -204,7 +204,8 @@ def merge_layer(
             )
             line = f"{key}: {show(old)} ({old_source}) -> {show(value)} ({source})"
             resolved.log.append(line)
-            log.info("config override %s", line)
+            # the same value again changes nothing: kept in the record, not on the console
+            (log.debug if show(old) == show(value) else log.info)("config override %s", line)
         resolved.values[key] = value
         resolved.sources[key] = source
 

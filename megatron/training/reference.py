@@ -72,7 +72,7 @@ def build_reference(args, engine, model_config, source: dict) -> ReferenceModel 
     """This rank's reference model read from `source` (reference_source), or None on a
     pipeline stage other than the last. Collective: the checkpoint is verified by all ranks
     together, then each keeps what it needs."""
-    weights = _read_weights(args, model_config, source)
+    weights = read_reference_weights(args, model_config, source)
     if engine.is_pipeline and not engine.engine.is_last_stage():
         return None
     device = next(engine.engine.module.parameters()).device
@@ -81,7 +81,7 @@ def build_reference(args, engine, model_config, source: dict) -> ReferenceModel 
     return ReferenceModel(model, engine.tp, source, getattr(engine.objective, "fp32", True))
 
 
-def _read_weights(args, model_config, source: dict) -> dict:
+def read_reference_weights(args, model_config, source: dict) -> dict:
     """The reference checkpoint's canonical weights, padded to this run's vocabulary."""
     from megatron.checkpointing.model_shape import check_architecture
     from megatron.checkpointing.reader import read_checkpoint, resize_vocab

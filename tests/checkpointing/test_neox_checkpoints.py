@@ -225,6 +225,24 @@ def test_gpt_neox_checkpoint_fine_tunes_through_deepy_at_another_layout(small_da
         torch.testing.assert_close(trained[name], tensor, rtol=0, atol=1e-6, msg=name)
 
 
+def test_gpt_neox_checkpoint_is_read_as_a_reference_model_with_its_models_logits(paths,
+                                                                                  tmp_path):
+    """DPO / KTO fine-tuning from a GPT-NeoX checkpoint: the frozen reference model is that
+    checkpoint (tensor-parallel 2, pipeline files), read whole for a one-process run."""
+    from megatron.training.reference import read_reference_weights
+
+    hf, root, config = build("llama_gqa_pipeline_tp2", tmp_path / "neox")
+    args = run_args(config, paths, "model_parallel_size=1")
+    model_config = read_checkpoint(root, run_args=args).saved_model_config(args, 2048)
+    weights = read_reference_weights(args, model_config, {"path": str(root / "global_step30"),
+                                                          "iteration": 30})
+    tokens = batch(hf.config.vocab_size)
+    with torch.inference_mode():
+        theirs = hf(tokens).logits
+    ours = our_logits(model_config, weights, tokens)
+    assert (ours[..., :hf.config.vocab_size] - theirs).abs().max().item() < ATOL
+
+
 def test_generation_reads_a_gpt_neox_checkpoint_with_the_models_logits(paths, tmp_path):
     """generate.py and eval.py's model loader on a GPT-NeoX checkpoint (sequential, as GPT-NeoX's
     converter writes it, with no config: the run's config describes it)."""

@@ -1,6 +1,6 @@
 """Every shell command in docs/*.md runs, as a user would run it: each ```sh / ```bash block in
 bash from the repository root, pages in the order they build on each other (data -> train ->
-checkpoints -> generate -> evaluate -> export -> finetune -> profile), so later pages use the
+checkpoints -> generate -> evaluate -> export -> finetune -> posttraining -> profile), so later pages use the
 checkpoint the training page trained. Outputs go under $RUN_DIR, which the pages use and this
 test points at a temporary directory; the built-in dataset goes to data/ as `make data` puts it.
 A block that cannot run here carries `<!-- not run: reason -->` on the line before its fence."""
@@ -18,7 +18,7 @@ from tests.runs import ROOT, clean_env
 
 # pages whose commands build on an earlier page's outputs come after it
 ORDER = ["README.md", "data.md", "train.md", "memory.md", "checkpoints.md", "generate.md", "evaluate.md",
-         "export.md", "finetune.md", "profile.md", "troubleshooting.md", "migrating.md",
+         "export.md", "finetune.md", "posttraining.md", "profile.md", "troubleshooting.md", "migrating.md",
          "launching.md", "gpt-neox.md", "checks.md"]
 COMMAND_STARTS = ("python ", "make ", "deepspeed ", "mpirun ", "srun ", "pip ", "export ")
 

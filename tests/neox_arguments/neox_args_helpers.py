@@ -32,11 +32,16 @@ LLAMA_TRAINING = "configs/llama/train_config.yml"
 # Model files run with LLAMA_TRAINING, as GPT-NeoX's llama/README.md runs them (llemma/ files are
 # complete run configs).
 MODEL_ONLY = ("configs/llama/", "configs/llama2/", "configs/mistral/")
+# Post-training runs of tiny.yml, complete with their data and outputs (no local_setup.yml).
+POST_TRAINING = "configs/post-training/"
 
 
 def stack(name: str) -> list[Path]:
     """The files the shipped config `name` runs with, as its header says: a partial file after a
-    model, a model file before the LLaMA training settings; configs/local_setup.yml last."""
+    model, a model file before the LLaMA training settings; configs/local_setup.yml last (not
+    after a post-training file, which names its own data)."""
+    if name.startswith(POST_TRAINING):
+        return [REPO / "configs/tiny.yml", REPO / name]
     if name in PARTIAL:
         names = ["configs/tiny.yml", name]
     elif name == LLAMA_TRAINING:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.posttraining.chat_data import (ANSWERS, kto_records, make_chat_tokenizer,
-                                          preference_records, question, sft_records, write_jsonl)
+from megatron.data.chat_example import (ANSWERS, kto_records, make_chat_tokenizer,
+                                         preference_records, question, sft_records, write_jsonl)
 from tests.runs import deepy, explain, free_port
 
 SPLITS = {"train": (256, 0), "valid": (32, 1), "test": (32, 2)}  # records, seed

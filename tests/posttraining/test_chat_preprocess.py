@@ -11,10 +11,10 @@ import sys
 import numpy as np
 import pytest
 
+from megatron.data.chat_example import (answer, kto_records, make_chat_tokenizer, question,
+                                         sft_records, write_jsonl)
 from megatron.data.chat_preprocess import ChatOptions, load_chat_tokenizer, preprocess_chat, render
 from megatron.data.indexed_dataset import IGNORE_LABEL, MMapIndexedDataset
-from tests.posttraining.chat_data import (answer, kto_records, make_chat_tokenizer, question,
-                                          sft_records, write_jsonl)
 from tests.runs import ROOT, explain
 
 SCRIPT = ROOT / "tools" / "datasets" / "preprocess_data_with_chat_template.py"

@@ -6,7 +6,7 @@ KTO, reward models), with GPT-NeoX's flags.
         --input data/chats.jsonl --jsonl-keys messages \
         --tokenizer-path checkpoints/my_hf_model --output-prefix data/sft/train
     # writes data/sft/train_messages_document (tokens) and ..._messages_label_document (labels);
-    # train with train_data_paths / train_label_data_paths naming them (docs/finetune.md)
+    # train with train_data_paths / train_label_data_paths naming them (docs/posttraining.md)
 
 Each jsonl line holds, under every --jsonl-keys key, a list of {"role", "content"} messages.
 Only the turns of --generation-role (default assistant) carry loss; --only-last keeps only the
@@ -26,7 +26,7 @@ from megatron.entry import run_entry  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     group = parser.add_argument_group("input data")
     group.add_argument("--input", required=True,
                        help="jsonl(.gz) files or folders, comma-separated")

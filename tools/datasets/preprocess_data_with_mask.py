@@ -37,7 +37,7 @@ def token_ids(text: str) -> tuple[int, ...]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     group = parser.add_argument_group("input data")
     group.add_argument("--input", required=True,
                        help="jsonl(.gz) or txt files or folders, comma-separated")

@@ -1,8 +1,10 @@
-"""A chat tokenizer and small synthetic chat tasks a tiny model learns in a few dozen steps.
+"""A small synthetic chat task a tiny model learns in a few dozen steps, with a chat tokenizer:
+the example data of the post-training walkthrough (docs/posttraining.md) and its tests.
 
-    tok_dir = make_chat_tokenizer(base_tokenizer_json, tmp / "tok")  # HF tokenizer + template
-    write_jsonl(path, sft_records(64, seed=0))        # {"messages": [...]}
-    write_jsonl(path, preference_records(64, seed=0)) # {"chosen": [...], "rejected": [...]}
+    tok_dir = make_chat_tokenizer(base_tokenizer_json, out / "tokenizer")  # HF dir + template
+    write_jsonl(path, sft_records(64, seed=0))         # {"messages": [...]}
+    write_jsonl(path, preference_records(64, seed=0))  # {"chosen": [...], "rejected": [...]}
+    write_example(base_tokenizer_json, out)            # all of it, train and valid splits
 
 The task: the user names a colour, the assistant answers with the thing of that colour
 (`ANSWERS`), always in the same form. Preference data prefers the answer with an exclamation
@@ -93,3 +95,22 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
+
+
+# split -> (records, seed); valid's seeds differ from train's
+EXAMPLE_SPLITS = {"train": (256, 0), "valid": (32, 1)}
+
+
+def write_example(base_tokenizer_json: str | Path, out_dir: str | Path,
+                  train_records: int = EXAMPLE_SPLITS["train"][0]) -> dict[str, Path]:
+    """The chat tokenizer (`out_dir/tokenizer`) and, for each split, `sft_<split>.jsonl`,
+    `pairs_<split>.jsonl` and `kto_<split>.jsonl`; name -> path of everything written."""
+    out = Path(out_dir)
+    written = {"tokenizer": make_chat_tokenizer(base_tokenizer_json, out / "tokenizer")}
+    for split, (n, seed) in EXAMPLE_SPLITS.items():
+        n = train_records if split == "train" else n
+        written[f"sft_{split}"] = write_jsonl(out / f"sft_{split}.jsonl", sft_records(n, seed))
+        written[f"pairs_{split}"] = write_jsonl(out / f"pairs_{split}.jsonl",
+                                                preference_records(n, seed + 10))
+        written[f"kto_{split}"] = write_jsonl(out / f"kto_{split}.jsonl", kto_records(n, seed))
+    return written
