@@ -18,6 +18,7 @@ from typing import Callable
 from megatron.launching.local import name_cpu_accelerator
 from megatron.launching.secrets import load_env_file
 from megatron.launching.stopping import LAUNCH_ID_VAR
+from megatron.monitoring.errors import describe_error
 from megatron.monitoring.logger import setup_logging
 from megatron.safety.signals import Preempted
 
@@ -100,24 +101,6 @@ def _is_override(item: str) -> bool:
 def _is_option_or_file(item: str) -> bool:
     return (item.startswith("--") or item in SHORT_OPTIONS or item == "-d"
             or item.endswith(CONFIG_SUFFIXES) or _is_override(item))
-
-
-# gloo, when the peer at the other end of a connection is gone: "[.../gloo/transport/tcp/
-# pair.cc:537] Read error [10.0.0.2]:59078: Connection reset by peer. This is typically caused
-# by a remote worker hanging ..."
-GLOO_PEER_ERROR = re.compile(r"gloo/transport/tcp/pair\.cc:\d+\] (?P<what>.*?(?:reset by peer|"
-                             r"[Cc]onnection closed by peer|Broken pipe))")
-
-
-def describe_error(err: Exception) -> str:
-    """The one-line message of a user-facing error; a lost connection to another rank (gloo's
-    long message) says so and where to look."""
-    text = str(err)
-    m = GLOO_PEER_ERROR.search(text)
-    if m:
-        return (f"lost the connection to another rank ({m['what']}): that rank stopped or "
-                "died; its own lines above say why")
-    return text
 
 
 class _PipeProof:

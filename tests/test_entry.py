@@ -2,7 +2,8 @@
 
 import pytest
 
-from megatron.entry import describe_error, split_command_line
+from megatron.entry import split_command_line
+from megatron.monitoring.errors import describe_error
 
 
 def test_files_and_overrides_in_any_order():

@@ -31,6 +31,7 @@ from megatron.checkpointing import collectives, optimizer_layouts
 from megatron.checkpointing.durable import FileRecord, load_torch, write_torch
 from megatron.checkpointing.errors import CheckpointError
 from megatron.checkpointing.layout import read_latest
+from megatron.monitoring.errors import describe_error, lost_peer
 from megatron.monitoring.logger import get_logger
 
 log = get_logger(__name__)
@@ -56,7 +57,7 @@ class DurableCheckpointEngine:
 
     def fail(self, where, err: BaseException) -> None:
         if self.error is None:
-            self.error = f"{where}: {err}"
+            self.error = f"{where}: {describe_error(err)}"
 
     def save(self, state_dict, path: str) -> None:
         if self.error is not None:
@@ -149,7 +150,10 @@ def save_engine_state(engine, root: Path, staging: str, client_state: dict, save
         with _optimizer_hidden(ds, hide=not save_optimizer):
             ds.save_checkpoint(str(root), tag=staging, client_state=client_state, save_latest=False)
     except Exception as err:  # noqa: BLE001 - reported to every rank, then raised there
-        log.error("DeepSpeed's save failed on this rank:\n%s", traceback.format_exc())
+        if lost_peer(err):  # another rank died: gloo's traceback adds nothing to that
+            log.error("DeepSpeed's save failed on this rank: %s", describe_error(err))
+        else:
+            log.error("DeepSpeed's save failed on this rank:\n%s", traceback.format_exc())
         ours.fail(f"DeepSpeed save_checkpoint into {root / staging}", err)
         collectives.barrier()
     return dict(ours.records), ours.error

@@ -67,6 +67,16 @@ def stored_tensor(param: torch.Tensor) -> torch.Tensor:
     return getattr(param, "ds_tensor", param)
 
 
+def full_value(param: torch.Tensor) -> torch.Tensor:
+    """A copy of a parameter's whole (tensor-parallel shard) value; ZeRO 3 gathers it first."""
+    if hasattr(param, "ds_tensor"):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([param]):
+            return param.detach().clone()
+    return param.detach().clone()
+
+
 def held_gradient(param: torch.Tensor) -> tuple[torch.Tensor | None, bool]:
     """The part of `param`'s gradient this rank holds between the last backward and the
     optimizer step, and whether the other data-parallel ranks hold the rest (so that the

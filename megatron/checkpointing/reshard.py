@@ -94,12 +94,7 @@ def initial_value(engine, name: str) -> torch.Tensor:
     for module_name, param in engine.engine.module.named_parameters():
         if canonical_param_name(module_name) != name:
             continue
-        if hasattr(param, "ds_tensor"):  # ZeRO 3 holds a partition: gather the whole
-            import deepspeed
-
-            with deepspeed.zero.GatheredParameters([param]):
-                return param.detach().clone()
-        return param.detach().clone()
+        return optimizer_layouts.full_value(param)
     raise KeyError(name)
 
 

@@ -228,7 +228,9 @@ def test_gpt_neox_checkpoint_fine_tunes_through_deepy_at_another_layout(small_da
 def test_gpt_neox_checkpoint_is_read_as_a_reference_model_with_its_models_logits(paths,
                                                                                   tmp_path):
     """DPO / KTO fine-tuning from a GPT-NeoX checkpoint: the frozen reference model is that
-    checkpoint (tensor-parallel 2, pipeline files), read whole for a one-process run."""
+    checkpoint (tensor-parallel 2, pipeline files), read whole for a one-process run; one of
+    another architecture, or one deleted since the run started, is refused by name."""
+    from megatron.model.config import model_config_from_args
     from megatron.training.reference import read_reference_weights
 
     hf, root, config = build("llama_gqa_pipeline_tp2", tmp_path / "neox")
@@ -241,6 +243,14 @@ def test_gpt_neox_checkpoint_is_read_as_a_reference_model_with_its_models_logits
         theirs = hf(tokens).logits
     ours = our_logits(model_config, weights, tokens)
     assert (ours[..., :hf.config.vocab_size] - theirs).abs().max().item() < ATOL
+    # a reference of another architecture, or one deleted since the run started: refused
+    other = run_args(config, paths, "model_parallel_size=1", "num_kv_heads=4")
+    with pytest.raises(ValueError, match=r"num_kv_heads: 4 in this run's config vs 2"):
+        read_reference_weights(other, model_config_from_args(other, 2048),
+                               {"path": str(root / "global_step30"), "iteration": 30})
+    with pytest.raises(FileNotFoundError, match=r"global_step7, is gone .*restore it"):
+        read_reference_weights(args, model_config, {"path": str(root / "global_step7"),
+                                                    "iteration": 7})
 
 
 def test_generation_reads_a_gpt_neox_checkpoint_with_the_models_logits(paths, tmp_path):
