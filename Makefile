@@ -1,5 +1,6 @@
 # make train: venv + install + built-in data + the tiny model through the real launcher.
 # make test:  venv + install with dev extras + the whole test suite.
+# make test-gpu: the GPU tier (pytest -m gpu) with the Python already set up on a GPU machine.
 # torch is pinned to the 2.13.0 CPU build through a constraints file that every pip call
 # (and every build environment) sees, so nothing can pull another torch or CUDA packages.
 
@@ -11,7 +12,7 @@ PIP := PIP_CONSTRAINT=$(CONSTRAINT) $(PY) -m pip
 REQS := $(wildcard requirements/*.txt) setup.py
 PYTEST_ARGS ?=
 
-.PHONY: venv install install-dev check-install data train test bench clean-data
+.PHONY: venv install install-dev check-install data train test test-gpu bench clean-data
 
 venv:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +44,10 @@ train: install data
 
 test: install-dev
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+# The GPU tier: tests marked gpu, on the CUDA device DeepSpeed finds (skipped without one).
+test-gpu:
+	DS_ACCELERATOR=cuda $(PY) -m pytest -q -m gpu $(PYTEST_ARGS) tests
 
 bench: install-dev
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -6,6 +6,9 @@ A layout knows how one kind of optimizer holds its per-parameter state, in memor
 
     "torch"  a plain torch optimizer (fp32, ZeRO 0): `optimizer.state[param]`, saved in the
              model file's "optimizer" state dict, indexed by parameter order
+    "master_copy"  DeepSpeed's fp16 wrapper without ZeRO (fp16, or bf16 without pipeline
+             stages): an fp32 master copy of every parameter and the torch optimizer's state
+             keyed by it, both in the model file's "optimizer" entry
     "flat"   DeepSpeed's bf16 optimizer or ZeRO stage 1/2: each parameter group laid end to end
              in one fp32 buffer, split into equal parts over the data-parallel ranks; each
              rank's part (master copy and the base optimizer's state) in its optimizer file
@@ -221,9 +224,54 @@ class TorchLayout(Layout):
         for name, p in params:
             state = optimizer.state[p]
             if full.step is not None:
-                state["step"] = full.step.clone()
+                state["step"] = _step_tensor(optimizer, p, full.step)
             for key in full.state_keys:
-                state[key] = sharding.local(full.state[name][key], name, tp).to(p.dtype).clone()
+                state[key] = sharding.local(full.state[name][key], name, tp).to(
+                    p.device, p.dtype).clone()
+
+
+class MasterCopyLayout(Layout):
+    """DeepSpeed's fp16 wrapper without ZeRO (fp16, or bf16 without pipeline stages): every rank
+    holds an fp32 master copy of each parameter and the torch optimizer's state keyed by it."""
+
+    name = "master_copy"
+
+    def detects(self, optimizer) -> bool:
+        return (hasattr(optimizer, "fp16_groups") and hasattr(optimizer, "fp32_groups")
+                and not partitioned(optimizer))
+
+    def groups(self, optimizer) -> list[list]:
+        return _internal(optimizer, "fp16_groups")
+
+    def read(self, step_dir, index, indexes, keys, found):
+        saved = load_torch(step_dir / index["model_file"])["optimizer"]
+        inner = saved["optimizer_state_dict"]
+        for g, (group, saved_group) in enumerate(zip(index["groups"], inner["param_groups"])):
+            for j, ((name, shape), idx) in enumerate(zip(group, saved_group["params"])):
+                values = inner["state"].get(idx, {})
+                _note_step(found, values)
+                held = _declared(values, keys, f"{step_dir / index['model_file']} ({name})")
+                yield name, {"master": saved["fp32_groups"][g][j].view(shape), **held}
+
+    def place(self, optimizer, params, full, tp, sharding, with_state):
+        """Each parameter's fp32 master copy (the saved one, or from the weights) and, with
+        `with_state`, the torch optimizer's state of it."""
+        masters = {id(p): m for low, high in zip(_internal(optimizer, "fp16_groups"),
+                                                 _internal(optimizer, "fp32_groups"))
+                   for p, m in zip(low, high)}
+        base = _internal(optimizer, "optimizer")
+        for name, p in params:
+            master = masters[id(p)]
+            value = full.master.get(name, full.weights[name])
+            master.data.copy_(sharding.local(value, name, tp))
+            if not with_state:
+                continue
+            state = base.state[master]
+            if full.step is not None:
+                state["step"] = _step_tensor(base, master, full.step)
+            for key in full.state_keys:
+                state[key] = sharding.local(full.state[name][key], name, tp).to(
+                    master.device, master.dtype).clone()
 
 
 class FlatLayout(Layout):
@@ -324,7 +372,7 @@ class Zero3Layout(Layout):
                 target.data.narrow(0, offset, numel).copy_(piece[:numel])
 
 
-LAYOUTS: tuple[Layout, ...] = (FlatLayout(), Zero3Layout(), TorchLayout())
+LAYOUTS: tuple[Layout, ...] = (FlatLayout(), Zero3Layout(), MasterCopyLayout(), TorchLayout())
 NONE = Layout()
 
 
@@ -374,6 +422,13 @@ def _declared(values: dict, keys: tuple[str, ...], where: str) -> dict[str, torc
             f"{where}: the optimizer state lacks {', '.join(missing)}, which its optimizer "
             "declares; the files do not match their index")
     return {k: held[k] for k in keys}
+
+
+def _step_tensor(optimizer, param: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """A torch optimizer's step count for `param`: on the parameter's device for the fused and
+    capturable kernels, which require it there, else on the CPU."""
+    on_device = optimizer.defaults.get("fused") or optimizer.defaults.get("capturable")
+    return step.clone().to(param.device) if on_device else step.clone()
 
 
 def _note_step(found: dict, values: dict) -> None:

@@ -15,14 +15,22 @@ from megatron.neox_arguments.sections.launcher import MULTI_NODE_MASTER_PORT, La
 log = get_logger(__name__)
 
 
+# nccl carries CUDA tensors only; the CPU tensors this project reduces (step metrics, checkpoint
+# agreement) travel through gloo in the same process group.
+NCCL_WITH_GLOO = "cpu:gloo,cuda:nccl"
+
+
 def resolve_backend(requested: str) -> str:
-    """'auto' is nccl with CUDA and gloo without; nccl without CUDA falls back to gloo, loudly."""
+    """The torch.distributed backend for `distributed_backend`: 'auto' and 'nccl' with CUDA are
+    nccl for CUDA tensors plus gloo for CPU tensors; without CUDA, gloo ('nccl' says so loudly)."""
     import torch
 
     has_cuda = torch.cuda.is_available()
     if requested == "auto":
-        return "nccl" if has_cuda else "gloo"
-    if requested == "nccl" and not has_cuda:
+        return NCCL_WITH_GLOO if has_cuda else "gloo"
+    if requested == "nccl":
+        if has_cuda:
+            return NCCL_WITH_GLOO
         log.warning("distributed_backend 'nccl' needs CUDA, which this machine lacks; using 'gloo'")
         return "gloo"
     return requested

@@ -146,8 +146,8 @@ def _skip_nonfinite_steps(engine) -> None:
     def checked_step(*args, **kwargs):
         grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         bad = torch.zeros(1)
-        if grads:
-            bad += ~torch.stack([torch.isfinite(g).all() for g in grads]).all()
+        if grads:  # (the flag moves to the CPU, where gloo reduces it)
+            bad[0] = float(not torch.stack([torch.isfinite(g).all() for g in grads]).all())
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)  # every rank steps, or none
         optimizer.overflow = bool(bad.item())
         return None if optimizer.overflow else step(*args, **kwargs)

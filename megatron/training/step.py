@@ -56,13 +56,14 @@ def run_step(engine, micro_batches, train: bool) -> StepResult:
                     loss = ds.eval_batch(data_iter=micro_batches).item()
         values = _pipeline_metrics(engine, objective_loss.collected, steps)
         return StepResult(loss, _dp_reduce(values, objective, engine, steps))
-    total = torch.zeros(())
-    sums = torch.zeros(len(objective.metric_names))
+    device = ds.device or torch.device("cpu")  # DeepSpeed leaves it None on CPU without a rank
+    total = torch.zeros((), device=device)  # summed where the loss is: no sync per micro-batch
+    sums = torch.zeros(len(objective.metric_names), device=device)
     if not train:
         ds.eval()
     for _ in range(steps):
         with record_function(GET_BATCH):
-            inputs, targets = next(micro_batches)
+            inputs, targets = on_device(next(micro_batches), device)
         with record_function(FORWARD), torch.set_grad_enabled(train):
             loss, metrics = objective.loss(ds(*inputs), targets)
         if train:
@@ -71,12 +72,23 @@ def run_step(engine, micro_batches, train: bool) -> StepResult:
             with record_function(OPTIMIZER_STEP):
                 ds.step()
         total += loss.detach().float()
-        sums += _vector(metrics, objective)
+        if objective.metric_names:
+            sums += _vector(metrics, objective)
     if not train:
         ds.train()
-    values = torch.cat([(total / steps).reshape(1), _per_step(sums, objective, steps)])
+    values = torch.cat([(total / steps).reshape(1).cpu(), _per_step(sums.cpu(), objective, steps)])
     reduced = _dp_reduce(values, objective, engine, steps, with_loss=True)
     return StepResult(reduced.pop("__loss__"), reduced)
+
+
+def on_device(batch, device: torch.device):
+    """A micro-batch (nested tuples of tensors, None allowed) with its tensors on `device`; the
+    pipeline engine moves its own, the plain engine does not."""
+    if isinstance(batch, torch.Tensor):
+        return batch if batch.device == device else batch.to(device, non_blocking=True)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(on_device(item, device) for item in batch)
+    return batch
 
 
 class ObjectiveLoss:
@@ -112,7 +124,7 @@ def _pipeline_metrics(engine, collected: list, steps: int) -> torch.Tensor:
     n = len(objective.metric_names)
     values = torch.zeros(n)
     if collected:
-        values = _per_step(torch.stack(collected).sum(0), objective, steps)
+        values = _per_step(torch.stack(collected).sum(0).cpu(), objective, steps)
     if n:
         dist.all_reduce(values, group=engine.groups.pp_group)  # only the last stage has any
     return values

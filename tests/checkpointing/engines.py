@@ -29,8 +29,9 @@ def make_args(run_dir: Path, **overrides):
         dist.get_world_size())
 
 
-def build(args):
-    """The training engine of `args` (seeded as the training loop seeds it)."""
+def build(args, backend: str = "gloo"):
+    """The training engine of `args` (seeded as the training loop seeds it); the first call in a
+    process joins its process group with `backend`."""
     import torch.distributed as dist
 
     from megatron.model.config import model_config_from_args
@@ -44,7 +45,7 @@ def build(args):
     from megatron.mpu.initialize import disable_deepspeed_shm_allreduce
 
     disable_deepspeed_shm_allreduce()  # no 69 MB /dev/shm buffer left per rank
-    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
     set_seeds(args.training.seed)
     topology = Topology.from_world(dist.get_world_size(), args.parallelism.model_parallel_size,
                                    args.parallelism.pipe_parallel_size)

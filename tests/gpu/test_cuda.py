@@ -1,0 +1,182 @@
+"""The GPU tier (`make test-gpu`): training steps, precision, attention kernels, exact resume and a
+real launch on a CUDA device. Every test here needs one and is skipped without it.
+
+The engine scenarios run in a spawned worker process (tests/distributed.py) that joins an NCCL
+process group of one rank (gloo beside it for CPU tensors), as a launched worker would.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.distributed import run_distributed
+from tests.runs import ROOT, deepy, explain, free_port, read_metrics
+
+pytestmark = pytest.mark.gpu
+
+# ---- run inside the worker process -------------------------------------------------------
+
+
+def _build(directory: Path, **overrides):
+    import deepspeed
+    import torch.distributed as dist
+
+    from megatron.mpu.initialize import NCCL_WITH_GLOO
+    from tests.checkpointing import engines
+
+    if not dist.is_initialized():
+        deepspeed.init_distributed(dist_backend=NCCL_WITH_GLOO, auto_mpi_discovery=False,
+                                   verbose=False)
+    args = engines.make_args(directory, **overrides)
+    return args, engines.build(args, backend=NCCL_WITH_GLOO)
+
+
+def _loss_scale(engine) -> float:
+    return float(engine.engine._get_optimizer_loss_scale())
+
+
+def _fp16_scaler(rank, world, directory: Path) -> dict:
+    """fp16 with dynamic loss scaling from 2^32: the first steps overflow and are skipped, the
+    scale falls; a checkpoint keeps the scale and a resumed run continues bit-exactly."""
+    from megatron.checkpointing import load_checkpoint, save_checkpoint
+    from tests.checkpointing import engines
+
+    fp16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 32, "hysteresis": 1,
+            "loss_scale_window": 1000, "min_loss_scale": 1}
+    args, engine = _build(directory, fp16=fp16, bf16=None)
+    out = {"dtype": str(next(engine.engine.module.parameters()).dtype),
+           "device": str(next(engine.engine.module.parameters()).device),
+           "initial_scale": _loss_scale(engine)}
+    before = engines.weights(engine)
+    out["first_loss"] = engines.train(engine, args, 1)[0]
+    out["scale_after_first"] = _loss_scale(engine)
+    out["skipped_after_first"] = engine.engine.skipped_steps
+    out["unchanged_after_overflow"] = all(torch.equal(before[k], v)
+                                          for k, v in engines.weights(engine).items())
+    losses = engines.train(engine, args, 30, seed=1)
+    out["losses"] = losses
+    out["skipped"] = engine.engine.skipped_steps
+    out["scale"] = _loss_scale(engine)
+    save_checkpoint(engine, args.checkpoint, 31, {})
+    after_save = engines.train(engine, args, 3, seed=2)
+    args2, second = _build(directory, fp16=fp16, bf16=None)
+    load_checkpoint(second, args2.checkpoint)
+    out["resumed_scale"] = _loss_scale(second)
+    out["same_continuation"] = engines.train(second, args2, 3, seed=2) == after_save
+    return out
+
+
+def _bf16_against_fp32(rank, world, directory: Path) -> dict:
+    """The same three steps (same initial weights, same batches) in fp32 and bf16 on CUDA."""
+    from tests.checkpointing import engines
+
+    out = {}
+    for name, precision in (("fp32", None), ("bf16", {"enabled": True})):
+        args, engine = _build(directory / name, bf16=precision, fp16=None, hidden_dropout=0.0,
+                              attention_dropout=0.0)
+        out[name] = engines.train(engine, args, 3)
+        out[name + "_dtype"] = str(next(engine.engine.module.parameters()).dtype)
+    return out
+
+
+def _exact_resume(rank, world, directory: Path, pipe: int) -> dict:
+    """Dropout on: train 3 steps, save, train 2; a fresh engine loads and trains the same 2 —
+    the CUDA generator's state travels in the checkpoint."""
+    from megatron.checkpointing import load_checkpoint, save_checkpoint
+    from tests.checkpointing import engines
+
+    overrides = dict(bf16={"enabled": True}, fp16=None, hidden_dropout=0.1,
+                     attention_dropout=0.1, pipe_parallel_size=pipe)
+    args, first = _build(directory, **overrides)
+    engines.train(first, args, 3)
+    save_checkpoint(first, args.checkpoint, 3, {})
+    after = engines.train(first, args, 2, seed=1)
+    weights = engines.weights(first)
+    args2, second = _build(directory, **overrides)
+    load_checkpoint(second, args2.checkpoint)
+    resumed = engines.train(second, args2, 2, seed=1)
+    return {"after": after, "resumed": resumed,
+            "same_weights": all(torch.equal(weights[k], v)
+                                for k, v in engines.weights(second).items()),
+            "device": str(next(second.engine.module.parameters()).device)}
+
+
+# ---- the tests -------------------------------------------------------------------------------
+
+
+def test_fp16_overflow_skips_the_step_lowers_the_scale_and_resume_keeps_the_scale(tmp_path):
+    out = run_distributed(_fp16_scaler, 1, tmp_path, join=False)[0]
+    assert out["device"] == "cuda:0" and out["dtype"] == "torch.float16"
+    assert out["initial_scale"] == 2.0 ** 32
+    # 2^32 times a loss of ~5.5 overflows fp16: the step is skipped and the scale halves
+    assert out["skipped_after_first"] == 1 and out["scale_after_first"] == 2.0 ** 31
+    assert out["unchanged_after_overflow"]
+    assert 1 < out["skipped"] < 31 and out["scale"] < 2.0 ** 31
+    assert all(math.isfinite(x) for x in out["losses"]), out["losses"]
+    assert out["resumed_scale"] == out["scale"]
+    assert out["same_continuation"]
+
+
+def test_bf16_steps_on_cuda_follow_the_fp32_ones(tmp_path):
+    out = run_distributed(_bf16_against_fp32, 1, tmp_path, join=False)[0]
+    assert out["fp32_dtype"] == "torch.float32" and out["bf16_dtype"] == "torch.bfloat16"
+    assert abs(out["fp32"][0] - math.log(256)) < 0.5  # random tokens of a 256-token vocabulary
+    for a, b in zip(out["fp32"], out["bf16"]):
+        assert abs(a - b) < 2e-2 * a, (out["fp32"], out["bf16"])
+
+
+@pytest.mark.parametrize("pipe", [0, 1], ids=["plain", "pipeline"])
+def test_a_resumed_run_with_dropout_continues_bit_exactly_on_cuda(tmp_path, pipe):
+    out = run_distributed(_exact_resume, 1, tmp_path, pipe, join=False)[0]
+    assert out["device"] == "cuda:0"
+    assert out["resumed"] == out["after"]
+    assert out["same_weights"]
+
+
+def _qkv(b, h, s, d, dtype=torch.bfloat16):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    return [torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=g) for _ in range(3)]
+
+
+def test_causal_attention_runs_on_sdpas_flash_kernel_and_matches_the_reference():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from megatron.model.attention_impls import reference_attention, sdpa_attention
+
+    q, k, v = _qkv(2, 8, 1024, 64)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # raises if flash cannot take these inputs
+        out = sdpa_attention(q, k, v, None, 0.0, True)
+    ref = reference_attention(q.float(), k.float(), v.float(), None, 0.0, True)
+    assert (out.float() - ref).abs().max().item() < 2e-2
+
+
+def test_a_sliding_window_on_cuda_matches_the_reference():
+    from megatron.model.attention_impls import reference_attention, sdpa_attention
+
+    q, k, v = _qkv(1, 4, 512, 64)
+    s, window = 512, 64
+    i = torch.arange(s, device="cuda")
+    keep = (i[None, :] <= i[:, None]) & (i[None, :] >= i[:, None] - window)
+    out = sdpa_attention(q, k, v, keep[None, None], 0.0, True)
+    ref = reference_attention(q.float(), k.float(), v.float(), keep[None, None], 0.0, True)
+    assert (out.float() - ref).abs().max().item() < 2e-2
+
+
+def test_two_steps_of_the_125m_config_through_deepy(small_data, tmp_path):
+    prefix, tokenizer = small_data
+    run = tmp_path / "run"
+    proc = deepy("train.py", str(ROOT / "configs" / "125M.yml"),
+                 f"data_path={prefix}", f"vocab_file={tokenizer}", "tokenizer_type=HFTokenizer",
+                 f"save={run / 'ckpt'}", f"load={run / 'ckpt'}", f"log_dir={run / 'logs'}",
+                 "train_iters=2", "lr_decay_iters=2", "log_interval=1", "eval_interval=2",
+                 "eval_iters=1", "checkpoint_factor=2", "split=900,50,50", f"master_port={free_port()}",
+                 "num_gpus=1", "use_wandb=false", timeout=600)
+    assert proc.returncode == 0, explain(proc)
+    train, _ = read_metrics(run / "logs")
+    assert [r["iteration"] for r in train] == [1, 2]
+    assert all(math.isfinite(r["lm_loss"]) for r in train)
+    assert (run / "ckpt" / "global_step2" / "manifest.json").is_file()
