@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from megatron.checkpointing.run import RunDescription
 from megatron.model.config import ModelConfig
@@ -33,6 +34,8 @@ class Engine:
     tp: TensorParallel
     run: RunDescription  # what checkpoint save / load know of the run
     objective: Objective = None  # train_impl's loss and metrics (megatron.training.objectives)
+    # the fp16 loss scale DeepSpeed leaves for us to apply (see `unapplied_loss_scale`)
+    loss_scale: Callable[[], float] | None = None
 
     @property
     def topology(self) -> Topology:
@@ -103,12 +106,35 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
     )
     _record_fp32_grad_norm(engine)
     _skip_nonfinite_steps(engine)
+    loss_scale = unapplied_loss_scale(engine.optimizer)
     is_pipeline = args.parallelism.pipe_parallel_size >= 1
     if is_pipeline:
         # the last element of the stage tuple is a bool mask: DeepSpeed must not expect its grad
         engine.set_has_attention_mask(True)
+        engine.module.loss_fn.loss_scale = loss_scale
     return Engine(engine=engine, is_pipeline=is_pipeline, groups=groups, tp=tp,
-                  run=checkpoint_run(args), objective=objective)
+                  run=checkpoint_run(args), objective=objective, loss_scale=loss_scale)
+
+
+def unapplied_loss_scale(optimizer) -> Callable[[], float] | None:
+    """The current fp16 loss scale, where DeepSpeed does not apply it itself; else None.
+
+    DeepSpeed 0.19 multiplies the loss by the scale in `engine.backward` for its ZeRO optimizers
+    only. Its fp16 wrapper without ZeRO (FP16_Optimizer / FP16_UnfusedOptimizer: fp16 at ZeRO
+    stage 0, or bf16 on a plain module, which needs no scaling) still divides the gradients by
+    the scale before the step and looks for overflow in them: left alone, every fp16 update
+    would be the loss scale times too small, no overflow would ever be seen, and gradients
+    below fp16's range would vanish. The training step applies the scale to the gradient
+    flowing out of the loss instead (`step.scale_loss_gradient`).
+    """
+    from deepspeed.runtime.base_optimizer import ZeROOptimizer
+
+    config = getattr(optimizer, "loss_scale_config", None)
+    if (optimizer is None or isinstance(optimizer, ZeROOptimizer) or config is None
+            or not getattr(config, "use_grad_scaling", False)
+            or getattr(optimizer, "custom_loss_scaler", False)):
+        return None
+    return lambda: float(config.cur_scale)
 
 
 def checkpoint_run(args) -> RunDescription:

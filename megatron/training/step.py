@@ -67,6 +67,7 @@ def run_step(engine, micro_batches, train: bool) -> StepResult:
         with record_function(FORWARD), torch.set_grad_enabled(train):
             loss, metrics = objective.loss(ds(*inputs), targets)
         if train:
+            scale_loss_gradient(loss, engine.loss_scale)
             with record_function(BACKWARD):
                 ds.backward(loss)
             with record_function(OPTIMIZER_STEP):
@@ -91,6 +92,15 @@ def on_device(batch, device: torch.device):
     return batch
 
 
+def scale_loss_gradient(loss: torch.Tensor, scale) -> None:
+    """Multiply the gradient leaving `loss` by `scale()` (the fp16 loss scale DeepSpeed leaves
+    to us, engine.unapplied_loss_scale) when it is set and the loss will be back-propagated;
+    the loss value itself, which is logged, stays unscaled."""
+    if scale is not None and loss.requires_grad:
+        factor = scale()
+        loss.register_hook(lambda grad: grad * factor)
+
+
 class ObjectiveLoss:
     """The pipeline's loss_fn: the objective's loss on the last stage, its metrics kept for
     `run_step` (one entry per micro-batch)."""
@@ -98,11 +108,13 @@ class ObjectiveLoss:
     def __init__(self, objective):
         self.objective = objective
         self.collected: list[torch.Tensor] = []
+        self.loss_scale = None  # set by engine.build_engine where DeepSpeed does not apply it
         self.__name__ = f"{objective.name}_loss"
 
     def __call__(self, output, targets):
         loss, metrics = self.objective.loss(output, targets)
         self.collected.append(_vector(metrics, self.objective))
+        scale_loss_gradient(loss, self.loss_scale)
         return loss
 
 

@@ -25,21 +25,22 @@ def _build(directory: Path, **overrides):
     import deepspeed
     import torch.distributed as dist
 
-    from megatron.mpu.initialize import NCCL_WITH_GLOO
+    from megatron.mpu.initialize import disable_deepspeed_shm_allreduce, resolve_backend
     from tests.checkpointing import engines
 
-    if not dist.is_initialized():
-        deepspeed.init_distributed(dist_backend=NCCL_WITH_GLOO, auto_mpi_discovery=False,
+    disable_deepspeed_shm_allreduce()
+    if not dist.is_initialized():  # nccl with gloo beside it; gloo alone without CUDA
+        deepspeed.init_distributed(dist_backend=resolve_backend("auto"), auto_mpi_discovery=False,
                                    verbose=False)
     args = engines.make_args(directory, **overrides)
-    return args, engines.build(args, backend=NCCL_WITH_GLOO)
+    return args, engines.build(args, backend=resolve_backend("auto"))
 
 
 def _loss_scale(engine) -> float:
     return float(engine.engine._get_optimizer_loss_scale())
 
 
-def _fp16_scaler(rank, world, directory: Path) -> dict:
+def _fp16_scaler(rank, world, directory: Path, pipe: int) -> dict:
     """fp16 with dynamic loss scaling from 2^32: the first steps overflow and are skipped, the
     scale falls; a checkpoint keeps the scale and a resumed run continues bit-exactly."""
     from megatron.checkpointing import load_checkpoint, save_checkpoint
@@ -47,7 +48,7 @@ def _fp16_scaler(rank, world, directory: Path) -> dict:
 
     fp16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 32, "hysteresis": 1,
             "loss_scale_window": 1000, "min_loss_scale": 1}
-    args, engine = _build(directory, fp16=fp16, bf16=None)
+    args, engine = _build(directory, fp16=fp16, bf16=None, pipe_parallel_size=pipe)
     out = {"dtype": str(next(engine.engine.module.parameters()).dtype),
            "device": str(next(engine.engine.module.parameters()).device),
            "initial_scale": _loss_scale(engine)}
@@ -63,7 +64,7 @@ def _fp16_scaler(rank, world, directory: Path) -> dict:
     out["scale"] = _loss_scale(engine)
     save_checkpoint(engine, args.checkpoint, 31, {})
     after_save = engines.train(engine, args, 3, seed=2)
-    args2, second = _build(directory, fp16=fp16, bf16=None)
+    args2, second = _build(directory, fp16=fp16, bf16=None, pipe_parallel_size=pipe)
     load_checkpoint(second, args2.checkpoint)
     out["resumed_scale"] = _loss_scale(second)
     out["same_continuation"] = engines.train(second, args2, 3, seed=2) == after_save
@@ -108,17 +109,22 @@ def _exact_resume(rank, world, directory: Path, pipe: int) -> dict:
 # ---- the tests -------------------------------------------------------------------------------
 
 
-def test_fp16_overflow_skips_the_step_lowers_the_scale_and_resume_keeps_the_scale(tmp_path):
-    out = run_distributed(_fp16_scaler, 1, tmp_path, join=False)[0]
-    assert out["device"] == "cuda:0" and out["dtype"] == "torch.float16"
-    assert out["initial_scale"] == 2.0 ** 32
+def check_fp16_scaler(out: dict, device: str) -> None:
+    """What `_fp16_scaler` must find (also run on CPU: tests/training/test_fp16_loss_scale.py)."""
+    assert out["device"] == device and out["dtype"] == "torch.float16", out
+    assert out["initial_scale"] == 2.0 ** 32, out
     # 2^32 times a loss of ~5.5 overflows fp16: the step is skipped and the scale halves
-    assert out["skipped_after_first"] == 1 and out["scale_after_first"] == 2.0 ** 31
-    assert out["unchanged_after_overflow"]
-    assert 1 < out["skipped"] < 31 and out["scale"] < 2.0 ** 31
-    assert all(math.isfinite(x) for x in out["losses"]), out["losses"]
-    assert out["resumed_scale"] == out["scale"]
-    assert out["same_continuation"]
+    assert out["skipped_after_first"] == 1 and out["scale_after_first"] == 2.0 ** 31, out
+    assert out["unchanged_after_overflow"], out
+    assert 1 < out["skipped"] < 31 and out["scale"] < 2.0 ** 31, out
+    assert all(math.isfinite(x) for x in out["losses"]), out
+    assert out["resumed_scale"] == out["scale"], out
+    assert out["same_continuation"], out
+
+
+@pytest.mark.parametrize("pipe", [0, 1], ids=["plain", "pipeline"])
+def test_fp16_overflow_skips_the_step_lowers_the_scale_and_resume_keeps_the_scale(tmp_path, pipe):
+    check_fp16_scaler(run_distributed(_fp16_scaler, 1, tmp_path, pipe, join=False)[0], "cuda:0")
 
 
 def test_bf16_steps_on_cuda_follow_the_fp32_ones(tmp_path):
