@@ -10,7 +10,7 @@ Config files merge left to right; `key=value` (or `--key value`) overrides come 
 
 import sys
 
-from megatron.entry import run_entry
+from megatron.entry import exit_process, run_entry
 from megatron.launcher import launch
 
 
@@ -23,4 +23,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

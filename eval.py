@@ -15,7 +15,7 @@ Task names, local task files and directories: see megatron/evaluation/tasks.py.
 
 import sys
 
-from megatron.entry import run_entry
+from megatron.entry import exit_process, run_entry
 from megatron.launcher import worker_args
 
 
@@ -31,4 +31,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -6,7 +6,7 @@
 
 import sys
 
-from megatron.entry import run_entry
+from megatron.entry import exit_process, run_entry
 from megatron.launcher import worker_args
 
 
@@ -22,4 +22,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
