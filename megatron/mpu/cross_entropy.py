@@ -1,4 +1,15 @@
-"""Cross entropy over vocab-parallel logits without gathering the full vocabulary."""
+"""Cross entropy over (vocab-parallel) logits, computed a block of tokens at a time.
+
+The loss of a token is logsumexp(logits) - logits[label], in fp32 (or, with `fp32` false, in
+the logits' own dtype). A plain `cross_entropy(logits.float())` makes an fp32 copy of the whole
+[tokens, vocabulary] logits and keeps its log-softmax, the same size again, for the backward:
+for GPT-2's 50257-token vocabulary and 16k tokens a step that is two 3.3 GB tensors. Here the
+logits are read in blocks of about BLOCK_ELEMENTS values: the forward keeps only one log-sum-exp
+per token (and the logits themselves, which the backward needs anyway), and the backward
+writes the gradient block by block in the logits' dtype. Under tensor parallelism each rank
+holds a slice of the vocabulary and the per-token log-sum-exps and label logits are combined
+over the tensor-parallel group: the full logits are never gathered.
+"""
 
 from __future__ import annotations
 
@@ -7,42 +18,60 @@ import torch.distributed as dist
 
 from megatron.mpu.groups import TensorParallel
 
+BLOCK_ELEMENTS = 1 << 24  # logits values per block: 64 MiB of fp32 at a time
 
-class _VocabParallelCrossEntropy(torch.autograd.Function):
+
+def _blocks(tokens: int, vocab: int, block_elements: int):
+    rows = max(1, block_elements // max(vocab, 1))
+    for start in range(0, tokens, rows):
+        yield slice(start, min(start + rows, tokens))
+
+
+class _BlockedCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, labels, tp, fp32=True):
-        # logits: [b, s, V/tp] (this rank's vocab slice), labels: [b, s] full-vocab ids
-        logits = logits.float() if fp32 else logits.clone()
-        per_rank = logits.shape[-1]
-        start = tp.rank * per_rank
-        max_logit = logits.max(dim=-1, keepdim=True).values
-        dist.all_reduce(max_logit, op=dist.ReduceOp.MAX, group=tp.group)
-        shifted = logits - max_logit
-        outside = (labels < start) | (labels >= start + per_rank)
-        local = (labels - start).masked_fill(outside, 0)
-        picked = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
-        dist.all_reduce(picked, group=tp.group)
-        exp = shifted.exp()
-        sum_exp = exp.sum(dim=-1)
-        dist.all_reduce(sum_exp, group=tp.group)
-        ctx.save_for_backward(exp.div_(sum_exp.unsqueeze(-1)), local, outside)
-        return sum_exp.log() - picked  # [b, s]
+    def forward(ctx, logits, labels, tp, fp32, block_elements):
+        # logits: [..., V/tp] (this rank's vocabulary slice), labels: [...] full-vocab ids
+        dtype = torch.float32 if fp32 else logits.dtype
+        vocab = logits.shape[-1]
+        flat = logits.reshape(-1, vocab)
+        ids = labels.reshape(-1)
+        start = tp.rank * vocab if tp.enabled else 0
+        outside = (ids < start) | (ids >= start + vocab)
+        local = (ids - start).masked_fill(outside, 0)
+        picked = flat.gather(-1, local.unsqueeze(-1)).squeeze(-1).to(dtype).masked_fill(outside, 0)
+        lse = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
+        for rows in _blocks(flat.shape[0], vocab, block_elements):
+            lse[rows] = torch.logsumexp(flat[rows].to(dtype), dim=-1)
+        if tp.enabled:  # log(sum over ranks of exp(lse_r)), shifted by the largest for range
+            top = lse.clone()
+            dist.all_reduce(top, op=dist.ReduceOp.MAX, group=tp.group)
+            total = (lse - top).exp()
+            dist.all_reduce(total, group=tp.group)
+            lse = total.log() + top
+            dist.all_reduce(picked, group=tp.group)
+        ctx.save_for_backward(logits, lse, local, outside)
+        ctx.dtype, ctx.block_elements = dtype, block_elements
+        return (lse - picked).view(labels.shape)
 
     @staticmethod
     def backward(ctx, grad):
-        softmax, local, outside = ctx.saved_tensors
-        grad_logits = softmax.clone()
-        inside = (~outside).to(grad_logits.dtype)
-        grad_logits.scatter_add_(-1, local.unsqueeze(-1), -inside.unsqueeze(-1))
-        return (grad_logits * grad.unsqueeze(-1)).to(grad.dtype), None, None, None
+        logits, lse, local, outside = ctx.saved_tensors
+        vocab = logits.shape[-1]
+        flat = logits.reshape(-1, vocab)
+        scale = grad.reshape(-1).to(ctx.dtype)
+        hit = (~outside).to(ctx.dtype).unsqueeze(-1)
+        out = torch.empty_like(flat)
+        for rows in _blocks(flat.shape[0], vocab, ctx.block_elements):
+            probs = (flat[rows].to(ctx.dtype) - lse[rows].unsqueeze(-1)).exp_()
+            probs.scatter_add_(-1, local[rows].unsqueeze(-1), -hit[rows])
+            out[rows] = probs.mul_(scale[rows].unsqueeze(-1))
+        return out.view_as(logits), None, None, None, None
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
-                                 tp: TensorParallel, fp32: bool = True) -> torch.Tensor:
-    """Per-token loss [b, s] for logits split over the vocabulary ([b, s, V/tp] on each rank),
-    computed in fp32 (or, with `fp32` false, in the logits' own dtype)."""
-    if not tp.enabled:
-        return torch.nn.functional.cross_entropy(
-            (logits.float() if fp32 else logits).flatten(0, 1), labels.flatten(),
-            reduction="none").view(labels.shape)
-    return _VocabParallelCrossEntropy.apply(logits, labels, tp, fp32)
+                                 tp: TensorParallel, fp32: bool = True,
+                                 block_elements: int = BLOCK_ELEMENTS) -> torch.Tensor:
+    """Per-token loss (labels' shape) for logits split over the vocabulary ([..., V/tp] on each
+    rank), computed in fp32 (or, with `fp32` false, in the logits' own dtype) a block of
+    `block_elements` logits at a time (see the module docstring)."""
+    return _BlockedCrossEntropy.apply(logits, labels, tp, fp32, block_elements)

@@ -34,8 +34,10 @@ the data-parallel degree and b the bytes of the run's dtype (fp32 4, bf16/fp16 2
 - backward working set  one layer's activations again: the gradients its backward allocates.
 - reference model    DPO / KTO, on the last stage: the whole model's weights on the tensor rank
                      in the dtype, and the fp32 logits of its forward pass.
-- logits and loss    on the last stage: s*b*V/tp logits in the dtype, fp32 log-softmax kept for
-                     backward and fp32 gradients of both (12 bytes + b per logit, 12 in fp32).
+- logits and loss    on the last stage: s*b*V/tp logits in the dtype, kept for the backward,
+                     and their gradient in the dtype (2 * dtype bytes per logit); the blocked
+                     cross entropy (megatron/mpu/cross_entropy.py) works in fp32 on one block
+                     of BLOCK_ELEMENTS logits at a time (two fp32 copies of a block).
 - framework          a stated constant per worker: FRAMEWORK_BYTES (torch, DeepSpeed and gloo
                      after import, measured as resident memory on CPU; CUDA context and NCCL
                      buffers on GPU, not measured here), plus DATA_WORKER_BYTES per data-loader
@@ -53,6 +55,7 @@ from dataclasses import dataclass
 
 from megatron.model.activations import GATED
 from megatron.model.param_count import params_per_rank, stage_layers
+from megatron.mpu.cross_entropy import BLOCK_ELEMENTS
 
 GIB = 1024**3
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -217,7 +220,8 @@ class Activations:
         e = DTYPE_BYTES[args.derived.precision]
         sp = args.parallelism.sequence_parallel and tp > 1
         layer, note = layer_activation_bytes(config, mb, s, tp, sp, e, device)
-        logits = mb * s * (config.padded_vocab_size // tp) * (12 + (e if e < 4 else 0))
+        per_rank = mb * s * (config.padded_vocab_size // tp)
+        logits = per_rank * 2 * e + 2 * 4 * min(per_rank, BLOCK_ELEMENTS)
         if getattr(config, "value_head", False):
             logits = mb * s * 12  # one fp32 value per position, its gradient and the loss's
         return cls(layer=layer, layer_input=mb * s * config.hidden_size * e // (tp if sp else 1),

@@ -1,0 +1,73 @@
+"""The blocked cross entropy (megatron/mpu/cross_entropy.py) against torch's on one process:
+the same loss and gradient in fp32 and from bf16 logits, and no fp32 tensor of the whole
+[tokens, vocabulary] size is ever made. Under tensor parallelism: tests/mpu/test_layers.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from megatron.mpu.cross_entropy import vocab_parallel_cross_entropy
+from megatron.mpu.groups import NO_TP
+
+B, S, V = 3, 5, 1000  # 15 tokens
+
+
+def logits_and_labels(dtype):
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(B, S, V, generator=g) * 4).to(dtype).requires_grad_()
+    labels = torch.randint(0, V, (B, S), generator=g)
+    return logits, labels
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_rows", [1, 4, 100])  # one token a block, uneven blocks, one block
+def test_loss_and_gradient_equal_torchs_cross_entropy_in_fp32(dtype, block_rows):
+    logits, labels = logits_and_labels(dtype)
+    weights = torch.rand(B, S, generator=torch.Generator().manual_seed(1))
+    got = vocab_parallel_cross_entropy(logits, labels, NO_TP, block_elements=block_rows * V)
+    (got * weights).sum().backward()
+    got_grad, logits.grad = logits.grad, None
+    want = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(),
+                           reduction="none").view(B, S)
+    (want * weights).sum().backward()
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+    assert got_grad.dtype == dtype
+    torch.testing.assert_close(got_grad, logits.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_without_fp32_the_loss_is_computed_in_the_logits_dtype():
+    logits, labels = logits_and_labels(torch.bfloat16)
+    got = vocab_parallel_cross_entropy(logits, labels, NO_TP, fp32=False)
+    want = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none")
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.view(B, S), rtol=2e-2, atol=5e-2)
+
+
+class LargestFloat32(TorchDispatchMode):
+    """The most elements of any fp32 tensor an op returns while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_no_fp32_tensor_of_the_whole_vocabulary_is_made_from_bf16_logits():
+    logits, labels = logits_and_labels(torch.bfloat16)
+    with LargestFloat32() as seen:
+        vocab_parallel_cross_entropy(logits, labels, NO_TP, block_elements=4 * V).sum().backward()
+    assert seen.largest <= 4 * V
+    logits.grad = None
+    with LargestFloat32() as plain:  # what torch's cross entropy on fp32 logits makes
+        F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()).backward()
+    assert plain.largest == B * S * V
