@@ -9,6 +9,12 @@ plus MFU against a bf16 matmul peak measured here too.
 bf16 means DeepSpeed's bf16 mode for us (bf16 weights and activations, fp32 master weights in
 the optimizer) and torch.autocast(bfloat16) with fp32 weights for the reference: both are the
 mixed-precision recipe each stack ships. Data is random tokens (throughput only).
+
+`--reference compiled` (the default on a GPU) runs the reference model through torch.compile
+with fused AdamW, `eager` (the default on a CPU, where compiling takes minutes) as it is. After
+each of our runs a line says where our step's time went (forward, backward, optimizer step,
+gradient reduction, the rest), timed around DeepSpeed's phases with the device synchronised,
+and, on a GPU, the peak memory allocated beside the estimate deepy.py prints for the run.
 """
 
 from __future__ import annotations
@@ -103,7 +109,59 @@ def time_steps(step, warmup: int, steps: int) -> float:
     return statistics.median(times)
 
 
+# DeepSpeed's methods that run each phase of a step: the pipeline engine's instructions, or the
+# plain engine's calls made by megatron.training.step
+PHASES = {"pipeline": {"forward": "_exec_forward_pass", "backward": "_exec_backward_pass",
+                       "optimizer": "_exec_optimizer_step", "reduce": "_exec_reduce_grads"},
+          "plain": {"forward": "forward", "backward": "backward", "optimizer": "step",
+                    "reduce": "allreduce_gradients"}}
+
+
+class PhaseTimer:
+    """Seconds spent in each phase of our step (device synchronised around each), by wrapping
+    the engine's methods for the steps run while `active`."""
+
+    def __init__(self, ds, pipeline: bool):
+        self.seconds = {name: 0.0 for name in PHASES["plain"]}
+        self.active = False
+        self.inside = 0  # the plain engine's step reduces gradients inside `step`
+        if pipeline:  # its schedule runs the class's functions from _INSTRUCTION_MAP
+            table = dict(ds._INSTRUCTION_MAP)
+            for name, method in PHASES["pipeline"].items():
+                for kind, fn in table.items():
+                    if fn.__name__ == method:
+                        table[kind] = self._timed(name, fn)
+            ds._INSTRUCTION_MAP = table
+            return
+        for name, method in PHASES["plain"].items():
+            if hasattr(ds, method):
+                setattr(ds, method, self._timed(name, getattr(ds, method)))
+
+    def _timed(self, name, fn):
+        def run(*args, **kwargs):
+            if not self.active or self.inside:
+                return fn(*args, **kwargs)
+            sync()
+            start = time.perf_counter()
+            self.inside += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.inside -= 1
+                sync()
+                self.seconds[name] += time.perf_counter() - start
+        return run
+
+    def line(self, total: float) -> str:
+        parts = [f"{name} {t / total:.0%}" for name, t in self.seconds.items()]
+        rest = max(0.0, total - sum(self.seconds.values()))
+        return "where our step's time went: " + ", ".join(parts) + f", other {rest / total:.0%}"
+
+
 def bench_ours(args, vocab: int, warmup: int, steps: int):
+    """(model config, median step seconds, the phase line, peak GiB allocated on CUDA)."""
+    import torch
+
     from megatron.model.config import model_config_from_args
     from megatron.mpu.groups import ProcessGroups
     from megatron.mpu.topology import Topology
@@ -111,10 +169,16 @@ def bench_ours(args, vocab: int, warmup: int, steps: int):
     from megatron.training.step import train_step
 
     config = model_config_from_args(args, vocab)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     engine = build_engine(args, config, ProcessGroups.build(Topology(1, 1, 1)))
     data = batches(vocab, args.derived.train_micro_batch_size_per_gpu, args.model.seq_length)
     seconds = time_steps(lambda: train_step(engine, data), warmup, steps)
-    return config, seconds
+    phases = PhaseTimer(engine.engine, engine.is_pipeline)
+    phases.active = True
+    timed = time_steps(lambda: train_step(engine, data), 0, steps) * steps
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+    return config, seconds, phases.line(timed), peak
 
 
 def hf_model(config):
@@ -132,13 +196,15 @@ def hf_model(config):
     return GPTNeoXForCausalLM(hf).to(device()).to(torch.float32)
 
 
-def bench_hf(config, dtype: str, micro: int, warmup: int, steps: int) -> float:
+def bench_hf(config, dtype: str, micro: int, warmup: int, steps: int, compiled: bool) -> float:
     import torch
 
     model = hf_model(config)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8,
-                            weight_decay=0.01)
+                            weight_decay=0.01, fused=compiled)
+    if compiled:
+        model = torch.compile(model)
     data = batches(config.padded_vocab_size, micro, config.seq_length)
     autocast = torch.autocast(device_type=device().type, dtype=torch.bfloat16,
                               enabled=dtype == "bf16")
@@ -164,6 +230,9 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--seq", type=int, default=None, help="override the size's seq_length")
     parser.add_argument("--micro", type=int, default=None, help="override the micro batch")
+    parser.add_argument("--reference", choices=["compiled", "eager"], default=None,
+                        help="the reference through torch.compile with fused AdamW, or eager "
+                             "(default: compiled on a GPU, eager on a CPU)")
     parser.add_argument("--pipe-parallel-size", type=int, default=1,
                         help="1: our model as a one-stage DeepSpeed PipelineModule (GPT-NeoX's "
                              "default); 0: as a plain module")
@@ -179,9 +248,14 @@ def main(argv=None) -> int:
     init_distributed("auto", 5.0)
     import torch
 
+    from megatron.training.memory_estimate import GIB, training_estimate
+
+    compiled = (opts.reference or ("compiled" if torch.cuda.is_available() else "eager")) == \
+        "compiled"
     peak = matmul_peak_bf16()
     print(f"device: {device()} ({torch.get_num_threads()} threads); bf16 matmul peak "
-          f"{peak / 1e12:.2f} TFLOP/s (measured)")
+          f"{peak / 1e12:.2f} TFLOP/s (measured); reference "
+          f"{'torch.compile + fused AdamW' if compiled else 'eager + AdamW'}")
     print(f"{'size':>5} {'dtype':>5} {'params':>9} {'seq':>5} {'micro':>5} | {'ours ms':>9} "
           f"{'ours tok/s':>10} | {'HF ms':>9} {'HF tok/s':>10} | {'ours/HF':>7} | {'MFU':>6}")
     for size in opts.sizes:
@@ -190,13 +264,18 @@ def main(argv=None) -> int:
         for dtype in opts.dtypes:
             args = neox_args(size, dtype, seq, micro, opts.pipe_parallel_size)
             vocab = 50304 if size != "tiny" else 8192
-            config, ours = bench_ours(args, vocab, opts.warmup, opts.steps)
-            ref = bench_hf(config, dtype, micro, opts.warmup, opts.steps)
+            config, ours, phases, allocated = bench_ours(args, vocab, opts.warmup, opts.steps)
+            ref = bench_hf(config, dtype, micro, opts.warmup, opts.steps, compiled)
             tokens = micro * seq
             mfu = flops_per_token(config) * tokens / ours / peak
             print(f"{size:>5} {dtype:>5} {count_parameters(config) / 1e6:>8.1f}M {seq:>5} {micro:>5} | "
                   f"{ours * 1e3:>9.1f} {tokens / ours:>10,.0f} | {ref * 1e3:>9.1f} "
                   f"{tokens / ref:>10,.0f} | {ref / ours:>6.2f}x | {mfu:>6.1%}", flush=True)
+            print(f"      {phases}", flush=True)
+            if allocated is not None:
+                estimate = training_estimate(args, vocab, device="cuda")
+                print(f"      peak allocated {allocated:.2f} GiB; estimate {estimate.total / GIB:.2f}"
+                      f" GiB (framework {estimate.term('framework') / GIB:.2f} of it)", flush=True)
     return 0
 
 
