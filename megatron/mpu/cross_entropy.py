@@ -62,9 +62,17 @@ class _BlockedCrossEntropy(torch.autograd.Function):
         hit = (~outside).to(ctx.dtype).unsqueeze(-1)
         out = torch.empty_like(flat)
         for rows in _blocks(flat.shape[0], vocab, ctx.block_elements):
-            probs = (flat[rows].to(ctx.dtype) - lse[rows].unsqueeze(-1)).exp_()
-            probs.scatter_add_(-1, local[rows].unsqueeze(-1), -hit[rows])
-            out[rows] = probs.mul_(scale[rows].unsqueeze(-1))
+            # grad * (softmax - one-hot of the label), written in place where the dtypes agree
+            target = out[rows]
+            if out.dtype == ctx.dtype:
+                probs = torch.sub(flat[rows], lse[rows].unsqueeze(-1), out=target)
+            else:
+                probs = flat[rows].to(ctx.dtype).sub_(lse[rows].unsqueeze(-1))
+            weight = scale[rows].unsqueeze(-1)
+            probs.exp_().mul_(weight)
+            probs.scatter_add_(-1, local[rows].unsqueeze(-1), -hit[rows] * weight)
+            if probs is not target:
+                target.copy_(probs)
         return out.view_as(logits), None, None, None, None
 
 
