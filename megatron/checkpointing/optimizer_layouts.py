@@ -222,12 +222,7 @@ class TorchLayout(Layout):
         if not with_state:
             return
         for name, p in params:
-            state = optimizer.state[p]
-            if full.step is not None:
-                state["step"] = _step_tensor(optimizer, p, full.step)
-            for key in full.state_keys:
-                state[key] = sharding.local(full.state[name][key], name, tp).to(
-                    p.device, p.dtype).clone()
+            _place_state(optimizer, p, name, full, tp, sharding)
 
 
 class MasterCopyLayout(Layout):
@@ -264,14 +259,8 @@ class MasterCopyLayout(Layout):
             master = masters[id(p)]
             value = full.master.get(name, full.weights[name])
             master.data.copy_(sharding.local(value, name, tp))
-            if not with_state:
-                continue
-            state = base.state[master]
-            if full.step is not None:
-                state["step"] = _step_tensor(base, master, full.step)
-            for key in full.state_keys:
-                state[key] = sharding.local(full.state[name][key], name, tp).to(
-                    master.device, master.dtype).clone()
+            if with_state:
+                _place_state(base, master, name, full, tp, sharding)
 
 
 class FlatLayout(Layout):
@@ -422,6 +411,17 @@ def _declared(values: dict, keys: tuple[str, ...], where: str) -> dict[str, torc
             f"{where}: the optimizer state lacks {', '.join(missing)}, which its optimizer "
             "declares; the files do not match their index")
     return {k: held[k] for k in keys}
+
+
+def _place_state(optimizer, param: torch.Tensor, name: str, full, tp, sharding) -> None:
+    """A torch optimizer's state of `param`: this rank's part of `name`'s declared tensors, and
+    the saved step count."""
+    state = optimizer.state[param]
+    if full.step is not None:
+        state["step"] = _step_tensor(optimizer, param, full.step)
+    for key in full.state_keys:
+        state[key] = sharding.local(full.state[name][key], name, tp).to(
+            param.device, param.dtype).clone()
 
 
 def _step_tensor(optimizer, param: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
