@@ -80,7 +80,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--vocab", type=int, default=50304)
-    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"],
+                        choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--repeats", type=int, default=3)
     opts = parser.parse_args(argv)
     logits_gib = opts.tokens * opts.vocab / 2**30
