@@ -1,4 +1,5 @@
-"""Test-wide settings: CPU only, wandb offline, quiet DeepSpeed, few threads per process."""
+"""Test-wide settings: CPU only, wandb offline, quiet DeepSpeed, few threads per process, Triton
+interpreted."""
 
 import os
 import sys
@@ -13,6 +14,10 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Triton's interpreter runs the fused kernels on CPU tensors (megatron.model.fusions.triton_on_cpu);
+# it is chosen when triton is imported, so here. The GPU tier compiles them instead.
+if os.environ.get("DS_ACCELERATOR", "cpu") != "cuda":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 

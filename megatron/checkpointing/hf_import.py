@@ -20,14 +20,14 @@ from pathlib import Path
 import torch
 
 from megatron.model.config import ModelConfig, model_config_from_args
-from megatron.checkpointing.model_shape import ARCHITECTURE_FIELDS
+from megatron.checkpointing.model_shape import ARCHITECTURE_FIELDS, FIELD_LABELS
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 # how the config spells a ModelConfig field, where it differs
 _CONFIG_KEYS = {"tied_embeddings": "tied embeddings (no_weight_tying false)",
                 "norm_epsilon": "norm epsilon (layernorm_epsilon / rms_norm_epsilon)",
-                "attention_types": "attention_config"}
+                "attention_types": "attention_config", **FIELD_LABELS}
 
 
 def import_from_hf(hf_dir: Path, args, save_dir: Path, tp: int | None = None,

@@ -21,7 +21,10 @@ ARCHITECTURE_FIELDS = (
     "pos_emb", "rotary_pct", "rotary_emb_base", "norm", "norm_epsilon", "activation",
     "tied_embeddings", "gpt_j_residual", "gpt_j_tied", "use_bias_in_norms",
     "use_bias_in_attn_linear", "use_bias_in_mlp", "attention_types", "sliding_window_width",
+    "gelu_approximation",  # a property: bias_gelu_fusion with activation gelu
 )
+# how a mismatch names a field that is not a config key of its own
+FIELD_LABELS = {"gelu_approximation": "GELU approximation (bias_gelu_fusion)"}
 
 
 def describe_shape(args, padded_vocab_size: int | None) -> dict:
@@ -100,10 +103,11 @@ def architecture_mismatches(run, saved) -> list[str]:
     names = {f.name for f in fields(type(run))}
     out = []
     for name in ARCHITECTURE_FIELDS:
-        assert name in names, name
+        assert name in names or hasattr(run, name), name
         a, b = getattr(run, name), getattr(saved, name)
         if a != b:
-            out.append(f"{name}: {a!r} in this run's config vs {b!r} in the checkpoint's")
+            out.append(f"{FIELD_LABELS.get(name, name)}: {a!r} in this run's config vs {b!r} in "
+                       "the checkpoint's")
     if saved.pos_emb == "learned" and run.max_position_embeddings != saved.max_position_embeddings:
         out.append(f"max_position_embeddings (learned position table): "
                    f"{run.max_position_embeddings} vs {saved.max_position_embeddings}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from megatron.model.fusions import triton_kernels, use_triton
+
 
 def _gated(act):
     def gated(x: torch.Tensor) -> torch.Tensor:
@@ -30,3 +32,18 @@ def get_activation(name: str):
     if name not in ACTIVATIONS:
         raise ValueError(f"activation {name!r} is not known; valid: {', '.join(sorted(ACTIVATIONS))}")
     return ACTIVATIONS[name]
+
+
+def fused_swiglu(x: torch.Tensor) -> torch.Tensor:
+    """swiglu (use_flashattn_swiglu): the Triton kernel where it can run, else the reference."""
+    if use_triton(x):
+        return triton_kernels().gated(x, "silu")
+    return ACTIVATIONS["swiglu"](x)
+
+
+def bias_gelu(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """GELU's tanh approximation of x + bias (bias_gelu_fusion, GPT-NeoX's function): the Triton
+    kernel where it can run, else torch's tanh GELU."""
+    if use_triton(x):
+        return triton_kernels().bias_gelu(x, bias)
+    return F.gelu(x + bias if bias is not None else x, approximate="tanh")

@@ -65,7 +65,7 @@ class SelfAttention(nn.Module):
         self.rotary = None
         if config.pos_emb == "rotary":
             self.rotary = RotaryEmbedding(rotary_ndims(config), config.rotary_emb_base,
-                                          config.max_position_embeddings)
+                                          config.max_position_embeddings, config.rope_fusion)
         if config.pos_emb == "alibi":
             slopes = alibi_slopes(config.num_attention_heads).chunk(tp.size)[tp.rank]
             self.register_buffer("alibi_slopes", slopes.contiguous(), persistent=False)

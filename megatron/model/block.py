@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
 from megatron.model.attention import SelfAttention
+from megatron.model.fusions import triton_kernels, use_triton
 from megatron.model.init import init_methods, layer_generator
 from megatron.model.mlp import MLP
 from megatron.model.norms import build_norm
@@ -35,14 +38,19 @@ class TransformerLayer(nn.Module):
         self.attention = SelfAttention(config, layer_number, init_fn, out_init_fn, gen, tp)
         self.mlp = MLP(config, init_fn, out_init_fn, gen, tp)
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)
+        self.fused_dropout_add = config.bias_dropout_fusion
 
-    def _dropout(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.hidden_dropout.p == 0.0:
-            return x
-        if self.tp.sequence_parallel:  # each rank holds different tokens
-            with self.tp.split_region_rng():
-                return self.hidden_dropout(x)
-        return self.hidden_dropout(x)
+    def _add(self, residual: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """residual + dropout(out); one Triton kernel with bias_dropout_fusion where it can run."""
+        p = self.hidden_dropout.p
+        if not self.training or p == 0.0:
+            return residual + out
+        # with sequence parallelism each rank holds different tokens: its own random stream
+        rng = self.tp.split_region_rng() if self.tp.sequence_parallel else contextlib.nullcontext()
+        with rng:
+            if self.fused_dropout_add and use_triton(out):
+                return triton_kernels().bias_dropout_add(out, None, residual, p)
+            return residual + self.hidden_dropout(out)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
                 doc_mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
@@ -51,9 +59,9 @@ class TransformerLayer(nn.Module):
             attn_in = self.input_layernorm(x)
             mlp_in = attn_in if self.gpt_j_tied else self.post_attention_layernorm(x)
             attn_out = self.attention(attn_in, position_ids, doc_mask, cache)
-            return x + self._dropout(attn_out) + self._dropout(self.mlp(mlp_in))
-        x = x + self._dropout(self.attention(self.input_layernorm(x), position_ids, doc_mask, cache))
-        return x + self._dropout(self.mlp(self.post_attention_layernorm(x)))
+            return self._add(self._add(x, attn_out), self.mlp(mlp_in))
+        x = self._add(x, self.attention(self.input_layernorm(x), position_ids, doc_mask, cache))
+        return self._add(x, self.mlp(self.post_attention_layernorm(x)))
 
 
 def unpack_mask(mask: torch.Tensor) -> torch.Tensor | None:

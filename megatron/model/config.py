@@ -43,12 +43,22 @@ class ModelConfig:
     sliding_window_width: int | None = None
     attention_softmax_in_fp32: bool = False
     rmsnorm_fusion: bool = False
+    layernorm_fusion: bool = False
+    rope_fusion: bool = False
+    bias_gelu_fusion: bool = False  # GELU's tanh approximation (GPT-NeoX's meaning of the flag)
+    bias_dropout_fusion: bool = False
+    use_flashattn_swiglu: bool = False
     seed: int = 1234
     value_head: bool = False  # a reward model: a value head in place of the LM head
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def gelu_approximation(self) -> str:
+        """'tanh' where the activation is GPT-NeoX's bias_gelu_fusion GELU, else 'none'."""
+        return "tanh" if self.activation == "gelu" and self.bias_gelu_fusion else "none"
 
     def attention_type(self, layer_number: int) -> str:
         """The attention kind of transformer layer `layer_number` (0-based)."""
@@ -92,6 +102,11 @@ def model_config_from_args(args, padded_vocab_size: int) -> ModelConfig:
         sliding_window_width=m.sliding_window_width,
         attention_softmax_in_fp32=m.attention_softmax_in_fp32,
         rmsnorm_fusion=m.rmsnorm_fusion,
+        layernorm_fusion=m.layernorm_fusion,
+        rope_fusion=m.rope_fusion,
+        bias_gelu_fusion=m.bias_gelu_fusion,
+        bias_dropout_fusion=m.bias_dropout_fusion,
+        use_flashattn_swiglu=m.use_flashattn_swiglu,
         seed=args.training.seed,
         value_head=args.training.train_impl == "rm",
     )

@@ -1,18 +1,34 @@
-"""What each GPT-NeoX fusion flag selects here, said once at startup for every flag set to true.
+"""Which implementation each GPT-NeoX fusion flag selects, and the one line per flag said at startup.
 
-GPT-NeoX's fusion flags pick its CUDA extension kernels. This project has none of those; per flag:
+GPT-NeoX's fusion flags pick its CUDA extension kernels, built with a C++ toolchain. Here they
+pick Triton kernels (megatron/model/triton_kernels.py), compiled by Triton at first use, with
+no build step; each sits behind the signature of the torch code it replaces, and that torch code
+runs wherever the kernel cannot (CPU tensors, or no `triton` installed). Per flag:
 
 - scaled_upper_triang_masked_softmax_fusion, scaled_masked_softmax_fusion: attention always runs
   through torch's scaled_dot_product_attention, which computes scale, mask (causal, document,
-  window, ALiBi bias) and softmax inside one fused kernel; the flags choose nothing more.
-- layernorm_fusion: torch.nn.LayerNorm is already one fused op (native_layer_norm).
-- rmsnorm_fusion: selects torch's rms_norm op (`FusedRMSNorm`, megatron/model/norms.py) instead
-  of the written-out reference; same parameters, same fp32 computation.
-- bias_gelu_fusion, bias_dropout_fusion, rope_fusion, use_flashattn_swiglu: no fused kernel
-  exists here; the eager ops run (the linear layers add their bias inside the matmul).
+  window, ALiBi bias) and softmax inside one fused kernel (flash or memory-efficient on a GPU);
+  the flags choose nothing more.
+- layernorm_fusion, rmsnorm_fusion: the Triton norm kernel, forward and backward. Without it,
+  torch.nn.LayerNorm (one op already) and torch's rms_norm op.
+- rope_fusion: the Triton rotate-half rotary kernel on queries and keys.
+- bias_gelu_fusion: as in GPT-NeoX, GELU's tanh approximation of (x W^T + b), the bias added
+  inside the Triton kernel rather than the matmul; without the kernel, torch's tanh GELU. The
+  approximation is part of the flag's meaning, on every device.
+- bias_dropout_fusion: residual + dropout(x) in one Triton kernel whose mask is drawn from
+  torch's generator (the bias is added by the matmul).
+- use_flashattn_swiglu: the Triton SwiGLU kernel, forward and backward.
+
+The softmax cross entropy is blocked on every device (megatron/mpu/cross_entropy.py); no flag
+selects it.
 """
 
 from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
 
 FUSION_FLAGS = (
     "scaled_upper_triang_masked_softmax_fusion", "scaled_masked_softmax_fusion",
@@ -21,6 +37,53 @@ FUSION_FLAGS = (
 )
 
 _SDPA = "torch scaled_dot_product_attention runs scale, {} and softmax as one fused kernel"
+_on_cpu = False
+
+
+@functools.cache
+def triton_kernels():
+    """The Triton kernel module, or None where `triton` is not installed."""
+    try:
+        from megatron.model import triton_kernels as kernels
+    except ImportError:
+        return None
+    return kernels
+
+
+def _interpreted() -> bool:
+    from triton import knobs
+
+    return bool(knobs.runtime.interpret)
+
+
+@contextlib.contextmanager
+def triton_on_cpu():
+    """Run the Triton kernels on CPU tensors too, through Triton's interpreter; the process must
+    have started with TRITON_INTERPRET=1 (it decides how kernels are built at import). For tests:
+    the interpreter is far slower than the torch code."""
+    global _on_cpu
+    if triton_kernels() is None or not _interpreted():
+        raise RuntimeError("Triton kernels on CPU tensors need `triton` installed and "
+                           "TRITON_INTERPRET=1 set before the process starts")
+    saved, _on_cpu = _on_cpu, True
+    try:
+        yield
+    finally:
+        _on_cpu = saved
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """Whether the Triton kernels run on tensor x: a GPU tensor with `triton` installed (or a CPU
+    tensor inside `triton_on_cpu`)."""
+    if triton_kernels() is None:
+        return False
+    return x.is_cuda or (_on_cpu and x.device.type == "cpu")
+
+
+def _kernel_path(kernel: str, fallback: str) -> str:
+    if triton_kernels() is None:
+        return f"`triton` is not installed, so {fallback} runs (pip install triton)"
+    return f"the Triton {kernel} on GPU tensors; {fallback} on CPU tensors"
 
 
 def _path(flag: str, model) -> str:
@@ -30,29 +93,27 @@ def _path(flag: str, model) -> str:
     if flag == "scaled_masked_softmax_fusion":
         return (_SDPA.format("the mask (document, window, ALiBi)") +
                 " in every layer, whatever this flag says")
-    if flag == "layernorm_fusion":
-        if model.norm != "layernorm":
-            return f"norm is {model.norm}, not layernorm; nothing to fuse"
-        return "torch.nn.LayerNorm is one fused op (native_layer_norm) on CPU and CUDA"
-    if flag == "rmsnorm_fusion":
-        if model.norm != "rmsnorm":
-            return f"norm is {model.norm}, not rmsnorm; nothing to fuse"
-        return "torch's rms_norm op runs instead of the written-out RMSNorm"
+    if flag in ("layernorm_fusion", "rmsnorm_fusion"):
+        norm = flag.split("_")[0]
+        if model.norm != norm:
+            return f"norm is {model.norm}, not {norm}; nothing to fuse"
+        torch_op = "torch.nn.LayerNorm" if norm == "layernorm" else "torch's rms_norm op"
+        return _kernel_path(f"{norm} kernel (forward and backward)", torch_op)
     if flag == "bias_gelu_fusion":
         if model.activation != "gelu":
             return f"activation is {model.activation}, not gelu; nothing to fuse"
-        return ("no fused bias+gelu kernel here; the linear layer adds its bias inside the "
-                "matmul, then eager gelu runs")
+        return ("GELU's tanh approximation, as GPT-NeoX: " +
+                _kernel_path("bias+gelu kernel", "torch's gelu(approximate='tanh')"))
     if flag == "bias_dropout_fusion":
-        return "no fused bias+dropout+add kernel here; eager bias add, dropout and residual add run"
+        return _kernel_path("dropout+residual-add kernel", "eager dropout and add")
     if flag == "rope_fusion":
         if model.pos_emb != "rotary":
             return f"pos_emb is {model.pos_emb}, not rotary; nothing to fuse"
-        return "no fused rotary kernel here; the eager rotate-half rotary (in fp32) runs"
+        return _kernel_path("rotary kernel", "the eager rotate-half rotary (in fp32)")
     if flag == "use_flashattn_swiglu":
         if model.activation != "swiglu":
             return f"activation is {model.activation}, not swiglu; nothing to fuse"
-        return "no flash-attn SwiGLU kernel here; the eager silu(gate) * value runs"
+        return _kernel_path("SwiGLU kernel (forward and backward)", "eager silu(gate) * value")
     raise ValueError(f"{flag!r} is not a fusion flag; valid: {', '.join(FUSION_FLAGS)}")
 
 

@@ -7,7 +7,9 @@ The mapping is name for name; only architectures HF's GPTNeoX can express are ac
   (HF: rope_parameters.partial_rotary_factor, rope_theta = our rotary_emb_base);
 - gpt_j_residual <-> use_parallel_residual (gpt_j_tied has no HF equivalent);
 - layernorm with biases, a plain (non-gated) activation, biases in the MLP;
-- tied_embeddings <-> tie_word_embeddings; vocab_size is our padded vocabulary.
+- tied_embeddings <-> tie_word_embeddings; vocab_size is our padded vocabulary;
+- gelu with bias_gelu_fusion (GELU's tanh approximation) <-> hidden_act gelu_pytorch_tanh
+  (gelu_new and gelu_fast, the same function, import the same way).
 Anything else is refused with the list of what differs. Dispatch goes through hf_mapping.
 """
 
@@ -20,6 +22,8 @@ from megatron.model.hf_mapping import rope_of, take
 
 MODEL_TYPE = "gpt_neox"
 _ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "silu": "silu"}
+_TANH_GELU = "gelu_pytorch_tanh"
+_TANH_GELUS = (_TANH_GELU, "gelu_new", "gelu_fast")
 _PREFIX = "gpt_neox"
 _HEADS = ("lm_head.weight", "embed_out.weight")  # transformers >= 5.0, < 5.0
 _BUFFERS = ("attention.bias", "attention.masked_bias", "rotary_emb.inv_freq")  # old .bin files
@@ -50,7 +54,8 @@ def hf_config(config: ModelConfig, **shared):
 
     c = config
     return GPTNeoXConfig(
-        hidden_act=_ACTIVATIONS[c.activation], rotary_pct=c.rotary_pct,
+        hidden_act=_TANH_GELU if c.activation == "gelu" and c.bias_gelu_fusion
+        else _ACTIVATIONS[c.activation], rotary_pct=c.rotary_pct,
         rotary_emb_base=c.rotary_emb_base, layer_norm_eps=c.norm_epsilon,
         use_parallel_residual=c.gpt_j_residual, hidden_dropout=0.0, **shared)
 
@@ -75,11 +80,13 @@ def model_fields(hf_cfg) -> tuple[dict, list[str]]:
     """ModelConfig fields of a `GPTNeoXConfig` beyond hf_mapping's shared ones, and what of it
     our model cannot run."""
     _, partial, _ = rope_of(hf_cfg)
-    act = {v: k for k, v in _ACTIVATIONS.items()}.get(hf_cfg.hidden_act)
+    tanh_gelu = hf_cfg.hidden_act in _TANH_GELUS
+    act = "gelu" if tanh_gelu else {v: k for k, v in _ACTIVATIONS.items()}.get(hf_cfg.hidden_act)
     problems = [] if act else [f"hidden_act {hf_cfg.hidden_act!r} (supported: "
-                               f"{', '.join(_ACTIVATIONS.values())})"]
+                               f"{', '.join((*_ACTIVATIONS.values(), *_TANH_GELUS))})"]
     return dict(num_kv_heads=hf_cfg.num_attention_heads, rotary_pct=partial, norm="layernorm",
                 norm_epsilon=hf_cfg.layer_norm_eps, activation=act or hf_cfg.hidden_act,
+                bias_gelu_fusion=tanh_gelu,
                 gpt_j_residual=bool(hf_cfg.use_parallel_residual),
                 use_bias_in_attn_linear=bool(getattr(hf_cfg, "attention_bias", True))), problems
 

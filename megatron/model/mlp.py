@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from megatron.model.activations import GATED, get_activation
+from megatron.model.activations import GATED, bias_gelu, fused_swiglu, get_activation
 from megatron.model.partition import Sharding
 from megatron.mpu.groups import NO_TP, TensorParallel
 from megatron.mpu.layers import ColumnParallelLinear, RowParallelLinear
@@ -25,9 +25,17 @@ class MLP(nn.Module):
                                                   init_fn, gen, tp, bias=bias,
                                                   stride_groups=split.blocks)
         self.activation = get_activation(config.activation)
+        if config.activation == "swiglu" and config.use_flashattn_swiglu:
+            self.activation = fused_swiglu
+        # GPT-NeoX's bias_gelu_fusion: tanh GELU, its bias added with it rather than in the matmul
+        self.bias_gelu = config.activation == "gelu" and config.bias_gelu_fusion
         self.dense_4h_to_h = RowParallelLinear(ffn, config.hidden_size, out_init_fn, gen, tp,
                                                bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [b, s, h] -> [b, s, up/tp] -> [b, s, ffn/tp] -> [b, s, h]
-        return self.dense_4h_to_h(self.activation(self.dense_h_to_4h(x)))
+        if self.bias_gelu:
+            up = bias_gelu(self.dense_h_to_4h(x, add_bias=False), self.dense_h_to_4h.bias)
+        else:
+            up = self.activation(self.dense_h_to_4h(x))
+        return self.dense_4h_to_h(up)

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from megatron.model.fusions import triton_kernels, use_triton
+
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm with a learned scale (and an optional bias)."""
@@ -24,9 +26,12 @@ class RMSNorm(nn.Module):
 
 
 class FusedRMSNorm(RMSNorm):
-    """RMSNorm through torch's rms_norm op (rmsnorm_fusion); `RMSNorm` is its reference."""
+    """RMSNorm through the Triton norm kernel, or torch's rms_norm op where it cannot run
+    (rmsnorm_fusion); `RMSNorm` is its reference."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_triton(x):
+            return triton_kernels().norm(x, self.weight, self.bias, self.eps, rms=True)
         out = F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype) * self.weight
         return out + self.bias if self.bias is not None else out
 
@@ -45,6 +50,16 @@ class ScaleNorm(nn.Module):
         return (x.float() / n * self.g).to(x.dtype)
 
 
+class FusedLayerNorm(nn.LayerNorm):
+    """LayerNorm through the Triton norm kernel where it can run (layernorm_fusion), else
+    torch's; the same parameters as nn.LayerNorm, its reference."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_triton(x):
+            return triton_kernels().norm(x, self.weight, self.bias, self.eps, rms=False)
+        return super().forward(x)
+
+
 def _layernorm(dim: int, eps: float, bias: bool) -> nn.Module:
     return nn.LayerNorm(dim, eps=eps, bias=bias)
 
@@ -58,4 +73,7 @@ def build_norm(config) -> nn.Module:
         raise ValueError(f"norm {config.norm!r} is not known; valid: {', '.join(sorted(NORMS))}")
     if config.norm == "rmsnorm" and config.rmsnorm_fusion:
         return FusedRMSNorm(config.hidden_size, config.norm_epsilon, config.use_bias_in_norms)
+    if config.norm == "layernorm" and config.layernorm_fusion:
+        return FusedLayerNorm(config.hidden_size, eps=config.norm_epsilon,
+                              bias=config.use_bias_in_norms)
     return NORMS[config.norm](config.hidden_size, config.norm_epsilon, config.use_bias_in_norms)

@@ -6,13 +6,16 @@ import math
 
 import torch
 
+from megatron.model.fusions import triton_kernels, use_triton
+
 
 class RotaryEmbedding(torch.nn.Module):
     """Rotary position embedding on the first `rotary_ndims` channels of each head."""
 
-    def __init__(self, rotary_ndims: int, base: float, max_positions: int):
+    def __init__(self, rotary_ndims: int, base: float, max_positions: int, fused: bool = False):
         super().__init__()
         self.rotary_ndims = rotary_ndims
+        self.fused = fused  # rope_fusion: the Triton kernel where it can run
         inv_freq = 1.0 / (base ** (torch.arange(0, rotary_ndims, 2, dtype=torch.float32) / rotary_ndims))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.max_positions = max_positions
@@ -25,6 +28,8 @@ class RotaryEmbedding(torch.nn.Module):
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotate the first rotary_ndims channels of x [b, heads, s, d]; pass the rest through."""
+        if self.fused and use_triton(x):
+            return triton_kernels().rotary(x, cos, sin)
         r = self.rotary_ndims
         x_rot, x_pass = x[..., :r], x[..., r:]
         half = r // 2

@@ -100,12 +100,13 @@ class ColumnParallelLinear(nn.Module):
         if tp.enabled:
             _mark_sharded(self.weight, self.bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, add_bias: bool = True) -> torch.Tensor:
+        """x W^T + b; with add_bias=False the caller adds `self.bias` (a fused kernel)."""
         if self.tp.sequence_parallel:
             x = gather_from_sequence_parallel(x, self.tp)
         else:
             x = copy_to_tensor_parallel(x, self.tp)
-        return F.linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias if add_bias else None)
 
 
 class RowParallelLinear(nn.Module):

@@ -1,5 +1,5 @@
-"""Every fusion flag set to true says, once at startup, which path runs and why; rmsnorm_fusion
-runs torch's rms_norm op, equal to the written-out RMSNorm."""
+"""Every fusion flag set to true says, once at startup, which path runs and why; on CPU tensors
+rmsnorm_fusion runs torch's rms_norm op, equal to the written-out RMSNorm."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from megatron.model import fusions
 from megatron.model.fusions import FUSION_FLAGS, fusion_paths
 from megatron.model.norms import FusedRMSNorm, RMSNorm
 from tests.distributed import run_distributed
@@ -23,22 +24,35 @@ def test_each_flag_set_to_true_gets_one_line_naming_the_path():
     lines = fusion_paths(section())
     assert [line.split(":")[0] for line in lines] == list(FUSION_FLAGS)
     text = dict(line.split(": ", 1) for line in lines)
-    assert text["bias_gelu_fusion"] == ("no fused bias+gelu kernel here; the linear layer adds "
-                                        "its bias inside the matmul, then eager gelu runs")
+    assert text["bias_gelu_fusion"] == (
+        "GELU's tanh approximation, as GPT-NeoX: the Triton bias+gelu kernel on GPU tensors; "
+        "torch's gelu(approximate='tanh') on CPU tensors")
     assert text["scaled_upper_triang_masked_softmax_fusion"].startswith(
         "torch scaled_dot_product_attention runs scale, causal mask and softmax as one fused")
-    assert text["layernorm_fusion"].startswith("torch.nn.LayerNorm is one fused op")
+    assert text["layernorm_fusion"] == ("the Triton layernorm kernel (forward and backward) on "
+                                        "GPU tensors; torch.nn.LayerNorm on CPU tensors")
+    assert text["bias_dropout_fusion"] == ("the Triton dropout+residual-add kernel on GPU tensors; "
+                                           "eager dropout and add on CPU tensors")
     assert text["rmsnorm_fusion"] == "norm is layernorm, not rmsnorm; nothing to fuse"
 
 
 def test_flags_that_do_not_apply_say_so_and_flags_off_say_nothing():
     text = dict(line.split(": ", 1) for line in
                 fusion_paths(section(norm="rmsnorm", activation="swiglu", pos_emb="alibi")))
-    assert text["rmsnorm_fusion"] == "torch's rms_norm op runs instead of the written-out RMSNorm"
+    assert text["rmsnorm_fusion"] == ("the Triton rmsnorm kernel (forward and backward) on GPU "
+                                      "tensors; torch's rms_norm op on CPU tensors")
     assert text["layernorm_fusion"] == "norm is rmsnorm, not layernorm; nothing to fuse"
     assert text["bias_gelu_fusion"] == "activation is swiglu, not gelu; nothing to fuse"
     assert text["rope_fusion"] == "pos_emb is alibi, not rotary; nothing to fuse"
     assert fusion_paths(section(on=False)) == []
+
+
+def test_without_triton_the_line_says_so(monkeypatch):
+    monkeypatch.setattr(fusions, "triton_kernels", lambda: None)
+    text = dict(line.split(": ", 1) for line in fusion_paths(section(activation="swiglu")))
+    assert text["use_flashattn_swiglu"] == ("`triton` is not installed, so eager silu(gate) * value "
+                                            "runs (pip install triton)")
+    assert not fusions.use_triton(torch.ones(1))
 
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
@@ -87,9 +101,10 @@ def test_engine_says_which_paths_run_once_and_trains(tmp_path):
     assert all(loss == loss and loss < 10 for loss in losses)
     fusion = [line for line in lines if line.split(":")[0] in FUSION_FLAGS]
     assert fusion == [
-        "bias_gelu_fusion: no fused bias+gelu kernel here; the linear layer adds its bias inside "
-        "the matmul, then eager gelu runs",
-        "rmsnorm_fusion: torch's rms_norm op runs instead of the written-out RMSNorm",
+        "bias_gelu_fusion: GELU's tanh approximation, as GPT-NeoX: the Triton bias+gelu kernel on "
+        "GPU tensors; torch's gelu(approximate='tanh') on CPU tensors",
+        "rmsnorm_fusion: the Triton rmsnorm kernel (forward and backward) on GPU tensors; torch's "
+        "rms_norm op on CPU tensors",
     ]
     assert ("activation checkpointing: 1 layer(s) per checkpoint, 2 checkpoints per forward "
             "pass, recomputed through deepspeed.checkpointing") in lines

@@ -19,6 +19,9 @@ CONFIG = ModelConfig(num_layers=3, hidden_size=32, num_attention_heads=4, num_kv
                      padded_vocab_size=64, hidden_dropout=0.2, attention_dropout=0.2)
 
 
+FUSED_FLAGS = ("layernorm_fusion", "rope_fusion", "bias_gelu_fusion", "bias_dropout_fusion")
+
+
 def parallelism(**overrides) -> SimpleNamespace:
     """The parallelism section's activation checkpointing keys."""
     keys = dict(checkpoint_activations=True, checkpoint_num_layers=1,
@@ -27,9 +30,14 @@ def parallelism(**overrides) -> SimpleNamespace:
     return SimpleNamespace(**{**keys, **overrides})
 
 
-def _steps(rank, world, par):
+def _steps(rank, world, par, fused=False):
     """Two micro-batches of forward and backward (dropout draws continue across them);
-    returns each loss and the summed gradients."""
+    returns each loss and the summed gradients. `fused`: every fusion flag on, the Triton
+    kernels interpreted on CPU tensors (their dropout masks drawn from torch's generator)."""
+    import contextlib
+    import dataclasses
+
+    from megatron.model.fusions import triton_on_cpu
     from megatron.model.recompute import Recompute, configure_activation_checkpointing
     from megatron.mpu.deepspeed_adapter import DeepSpeedMPU
     from megatron.mpu.groups import ProcessGroups
@@ -44,15 +52,20 @@ def _steps(rank, world, par):
     if par is not None:
         configure_activation_checkpointing(par, CONFIG.num_layers, DeepSpeedMPU(groups))
         recompute = Recompute(par.checkpoint_num_layers, tp)
+    config = CONFIG
+    if fused:
+        config = dataclasses.replace(CONFIG, **{flag: True for flag in FUSED_FLAGS})
     torch.manual_seed(1234)
-    model = GPTModel(CONFIG, tp, recompute).train()
+    model = GPTModel(config, tp, recompute).train()
     g = torch.Generator().manual_seed(5)
     losses = []
     for _ in range(2):
         tokens = torch.randint(0, 64, (2, 8), generator=g)
         labels = torch.randint(0, 64, (2, 8), generator=g)
-        loss = lm_loss(model(tokens, torch.arange(8).expand(2, 8)), (labels, torch.ones(2, 8)), tp)
-        loss.backward()
+        with triton_on_cpu() if fused else contextlib.nullcontext():
+            loss = lm_loss(model(tokens, torch.arange(8).expand(2, 8)), (labels, torch.ones(2, 8)),
+                           tp)
+            loss.backward()
         losses.append(loss.detach())
     return {"losses": losses,
             "grads": canonical_from_module({n: p.grad for n, p in model.named_parameters()})}
@@ -95,3 +108,11 @@ CASES = {
 def test_checkpointing_equals_plain_model_tp2(case):
     reference = run_distributed(_steps, 2, None)
     assert_same(run_distributed(_steps, 2, CASES[case]), reference)
+
+
+def test_checkpointing_with_the_triton_kernels_equals_plain_model_tp2():
+    """The fused dropout's masks come from torch's generator, which the recompute restores."""
+    reference = run_distributed(_steps, 2, None, True)
+    assert_same(run_distributed(_steps, 2, parallelism(), True), reference)
+    plain = run_distributed(_steps, 2, None)
+    assert plain[0]["losses"][0].item() != reference[0]["losses"][0].item()

@@ -11,6 +11,7 @@ choice and summation order; observed <= 1e-6 on logits of magnitude ~2).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -379,3 +380,38 @@ def test_export_without_output_dir_goes_beside_the_checkpoint_with_the_umask(lla
     assert f" to {out}\n" in proc.stderr
     modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
     assert "model.safetensors" in modes and set(modes.values()) == {0o666 & ~0o027}, modes
+
+
+def test_tanh_gelu_maps_to_bias_gelu_fusion_both_ways(data, tmp_path, capsys):
+    """HF's tanh GELUs are GPT-NeoX's bias_gelu_fusion GELU: a config without the flag is
+    refused naming it, one with it imports with HF's logits and exports as gelu_pytorch_tanh."""
+    hf = hf_gpt_neox(vocab=2048, hidden_act="gelu_new", initializer_range=0.5)  # tanh != erf here
+    hf.save_pretrained(tmp_path / "hf")
+    args = ["--hf_model", str(tmp_path / "hf"), "--config_file", "configs/tiny.yml", str(data[2])]
+    assert tool("convert_hf_to_neox").main([*args, "--output_dir", str(tmp_path / "no")]) == 1
+    where = tmp_path / "hf" / "config.json"
+    assert (f"GELU approximation (bias_gelu_fusion): 'none' in the config vs 'tanh' in {where}"
+            in capsys.readouterr().err)
+    flag = tmp_path / "flag.yml"
+    flag.write_text("bias_gelu_fusion: true\n")
+    assert tool("convert_hf_to_neox").main([*args, str(flag), "--output_dir",
+                                            str(tmp_path / "ckpt")]) == 0
+    ck = read_checkpoint(str(tmp_path / "ckpt"), None)
+    config = model_config_from_args(ck.saved_args, ck.trained_vocab)
+    assert config.gelu_approximation == "tanh"
+    tokens = batch(2048)
+    with torch.inference_mode():
+        theirs = hf(tokens).logits
+    ours = our_logits(config, ck.canonical, tokens)[..., :2048]
+    tol = 1e-5 * theirs.abs().max().item()  # logits of order 10 at this initializer_range
+    assert (ours - theirs).abs().max().item() < tol
+    erf = our_logits(dataclasses.replace(config, bias_gelu_fusion=False), ck.canonical, tokens)
+    assert (erf[..., :2048] - theirs).abs().max().item() > 20 * tol  # the flag matters here
+
+    assert tool("convert_neox_to_hf").main([
+        "--input_dir", str(tmp_path / "ckpt" / "global_step0"), "--config_file",
+        "configs/tiny.yml", str(data[2]), str(flag), "--output_dir", str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["hidden_act"] == \
+        "gelu_pytorch_tanh"
+    again, _ = hf_logits(tmp_path / "out", tokens)
+    assert (again[..., :2048] - theirs).abs().max().item() < tol

@@ -113,31 +113,32 @@ class ModelArgs:
     )
     bias_gelu_fusion: bool = option(
         False,
-        "GPT-NeoX's fused bias + gelu kernel. None exists here: the linear layer adds its bias "
-        "in the matmul and eager gelu runs; true logs that at startup.",
+        "With activation gelu, GPT-NeoX's fused bias + GELU: GELU's tanh approximation of the "
+        "first MLP projection plus its bias, one Triton kernel on GPUs (torch's tanh GELU "
+        "elsewhere). The approximation is what the flag means in GPT-NeoX, on every device.",
     )
     bias_dropout_fusion: bool = option(
         False,
-        "GPT-NeoX's fused bias + dropout + residual-add kernel. None exists here: the eager ops "
-        "run; true logs that at startup.",
+        "Residual add and hidden dropout in one Triton kernel on GPUs (eager ops elsewhere); "
+        "its dropout mask differs from torch's, drawn from the same generator.",
     )
     rope_fusion: bool = option(
         False,
-        "GPT-NeoX's fused rotary kernel. None exists here: the eager rotate-half rotary runs "
-        "in fp32; true logs that at startup.",
+        "The rotate-half rotary embedding of queries and keys as one Triton kernel on GPUs "
+        "(the eager fp32 rotary elsewhere).",
     )
     layernorm_fusion: bool = option(
         False,
-        "GPT-NeoX's fused layernorm. torch.nn.LayerNorm is already one fused op; true logs "
-        "that at startup.",
+        "With norm layernorm, the Triton LayerNorm kernel (forward and backward) on GPUs; "
+        "torch.nn.LayerNorm elsewhere.",
     )
     rmsnorm_fusion: bool = option(
         False,
-        "With norm rmsnorm, run torch's rms_norm op instead of the written-out RMSNorm (same "
-        "parameters, computed in fp32).",
+        "With norm rmsnorm, the Triton RMSNorm kernel (forward and backward) on GPUs, torch's "
+        "rms_norm op elsewhere, instead of the written-out RMSNorm (same parameters, fp32 math).",
     )
     use_flashattn_swiglu: bool = option(
         False,
-        "GPT-NeoX's flash-attn fused SwiGLU kernel. None is used here: the eager SwiGLU runs; "
-        "true logs that at startup.",
+        "With activation swiglu, the Triton SwiGLU kernel (forward and backward) on GPUs "
+        "instead of flash-attn's; the eager silu(gate) * value elsewhere.",
     )

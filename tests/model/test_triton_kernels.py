@@ -1,0 +1,254 @@
+"""Every Triton kernel a fusion flag selects equals its torch reference, forward and backward, in
+fp32 and bf16: on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1, set by
+tests/conftest.py), and compiled on a GPU in the GPU tier. The model's fused modules take the
+kernel path exactly where `use_triton` says, and a whole model with every flag on gives the
+loss and gradients of the same model on the torch paths."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from megatron.model import fusions  # noqa: E402
+from megatron.model.activations import bias_gelu, fused_swiglu  # noqa: E402
+from megatron.model.config import ModelConfig  # noqa: E402
+from megatron.model.gpt import GPTModel, lm_loss  # noqa: E402
+from megatron.model.norms import FusedLayerNorm, FusedRMSNorm, RMSNorm  # noqa: E402
+from megatron.model.positional import RotaryEmbedding  # noqa: E402
+
+DEVICES = [pytest.param("cpu", id="cpu-interpreted"),
+           pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture
+def kernels(device):
+    """The kernel module, running on `device` (the interpreter on CPU)."""
+    if device == "cuda":
+        yield fusions.triton_kernels()
+        return
+    with fusions.triton_on_cpu():
+        yield fusions.triton_kernels()
+
+
+def inputs(shape, dtype, device, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(shape, generator=g)).to(device=device, dtype=dtype).requires_grad_()
+
+
+def grads(fn, tensors, seed=1):
+    """fn(*tensors) and the gradients of <out, fixed random weights> w.r.t. each tensor."""
+    out = fn(*tensors)
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.device)
+    got = torch.autograd.grad((out.float() * weight).sum(), [t for t in tensors if t is not None])
+    return out, got
+
+
+def assert_close(kernel_out, torch_out, exact_out, dtype, what):
+    """fp32: equal to torch's within rounding. bf16: no further from the fp32 computation on
+    the same bf16 inputs than torch's bf16 result is, give or take one bf16 rounding."""
+    kernel_out, torch_out, exact_out = kernel_out.float(), torch_out.float(), exact_out.float()
+    if dtype == torch.float32:
+        tol = 2e-5 * max(1.0, exact_out.abs().max().item())
+        assert (kernel_out - torch_out).abs().max().item() <= tol, what
+        return
+    kernel_err = (kernel_out - exact_out).abs().max().item()
+    torch_err = (torch_out - exact_out).abs().max().item()
+    ulp = 2.0 ** -7 * exact_out.abs().max().item()
+    assert kernel_err <= 2 * torch_err + ulp, (what, kernel_err, torch_err)
+
+
+def compare(kernel_fn, torch_fn, tensors, dtype, what):
+    out, got = grads(kernel_fn, tensors)
+    ref, want = grads(torch_fn, tensors)
+    exact = [t.detach().float().requires_grad_() if t is not None else None for t in tensors]
+    ex, ex_grads = grads(torch_fn, exact)
+    assert out.dtype == ref.dtype and out.shape == ref.shape, what
+    assert_close(out, ref, ex, dtype, f"{what} forward")
+    for i, (a, b, c) in enumerate(zip(got, want, ex_grads)):
+        assert_close(a, b, c, dtype, f"{what} gradient {i}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rms,bias", [(False, True), (False, False), (True, False), (True, True)])
+def test_norm_kernel_equals_torch(kernels, device, dtype, rms, bias):
+    n = 96  # not a power of two: the masked tail of the row block is exercised
+    x = inputs((3, 7, n), dtype, device, scale=3.0)
+    w = (1 + 0.2 * inputs((n,), torch.float32, device, seed=2)).detach().to(dtype).requires_grad_()
+    b = inputs((n,), dtype, device, seed=3) if bias else None
+
+    def reference(x, w, b=None):
+        if rms:
+            xf = x.float()
+            out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype) * w
+            return out + b if b is not None else out
+        return F.layer_norm(x, (n,), w, b, 1e-5)
+
+    compare(lambda x, w, b=None: kernels.norm(x, w, b, 1e-5, rms), reference,
+            [x, w] + ([b] if bias else []), dtype, f"norm rms={rms} bias={bias}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim,rotary_ndims", [(16, 16), (16, 4), (24, 12)])
+def test_rotary_kernel_equals_torch_including_strided_queries(kernels, device, dtype, head_dim,
+                                                               rotary_ndims):
+    rope = RotaryEmbedding(rotary_ndims, 10000.0, 64).to(device)
+    positions = torch.stack([torch.arange(5), torch.arange(5) + 40]).to(device)  # per-row offsets
+    cos, sin = rope.cos_sin(positions)
+    # a [b, s, heads, d] buffer seen as [b, heads, s, d], as attention hands queries over
+    q = inputs((2, 5, 3, head_dim), dtype, device).detach().transpose(1, 2).requires_grad_()
+    compare(lambda q: kernels.rotary(q, cos, sin), lambda q: rope.rotate(q, cos, sin), [q],
+            dtype, f"rotary {rotary_ndims}/{head_dim}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ["silu", "gelu", "relu"])
+def test_gated_kernel_equals_torch(kernels, device, dtype, act):
+    fn = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}[act]
+
+    def reference(x):
+        value, gate = x.chunk(2, dim=-1)
+        return fn(gate) * value
+
+    x = inputs((3, 4, 2 * 1100), dtype, device, scale=2.0)  # f = 1100 spans two blocks
+    compare(lambda x: kernels.gated(x, act), reference, [x], dtype, f"gated {act}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_bias_gelu_kernel_is_tanh_gelu_of_x_plus_bias(kernels, device, dtype, bias):
+    x = inputs((3, 5, 40), dtype, device, scale=2.0)
+    b = inputs((40,), dtype, device, seed=4) if bias else None
+    compare(lambda x, b=None: kernels.bias_gelu(x, b),
+            lambda x, b=None: F.gelu((x + b) if b is not None else x, approximate="tanh"),
+            [x] + ([b] if bias else []), dtype, "bias_gelu")
+
+
+def test_tanh_gelu_is_gpt_neox_formula():
+    """bias_gelu_fusion's function, written as GPT-NeoX writes it, is what the torch path runs."""
+    x = torch.linspace(-6, 6, 1001, dtype=torch.float64)
+    neox = x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+    assert torch.allclose(bias_gelu(x, None), neox, atol=1e-8)
+    assert (bias_gelu(x, None) - F.gelu(x)).abs().max() > 1e-4  # not the erf GELU
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bias_dropout_add_kernel(kernels, device, dtype):
+    """out = residual + mask * (x + bias) / (1 - p): the mask keeps about 1 - p, the backward
+    uses the forward's mask, the same generator state gives the same mask and the next draw
+    another."""
+    p, shape = 0.3, (4, 64, 96)
+    x, res = inputs(shape, dtype, device, seed=1), inputs(shape, dtype, device, seed=2)
+    b = inputs((96,), dtype, device, seed=3)
+    torch.manual_seed(7)
+    out, (dx, db, dres) = grads(lambda x, b, r: kernels.bias_dropout_add(x, b, r, p), [x, b, res])
+    weight = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    weight = weight.to(device=device, dtype=dtype).float()  # the gradient reaching the kernel
+    keep = dx.float() != 0  # the backward's mask; the forward must have used the same one
+    assert abs(keep.float().mean().item() - (1 - p)) < 0.02
+    grad = keep * weight / (1 - p)
+    assert_close(dx, grad.to(dtype), grad, dtype, "dx")
+    expected = res.float() + keep * (x.float() + b.float()) / (1 - p)
+    assert_close(out, expected.to(dtype), expected, dtype, "forward with the backward's mask")
+    assert torch.equal(dres.float(), weight)
+    assert_close(db, grad.sum((0, 1)).to(dtype), grad.sum((0, 1)), dtype, "dbias")
+    torch.manual_seed(7)
+    again = kernels.bias_dropout_add(x, b, res, p)
+    assert torch.equal(again, out)
+    assert not torch.equal(kernels.bias_dropout_add(x, b, res, p), out)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_modules_take_the_kernel_exactly_where_use_triton_says(device):
+    x = torch.randn(2, 3, 32, device=device)
+    with torch.device(device):
+        modules = {"_NormBackward": [FusedRMSNorm(32, 1e-5), FusedLayerNorm(32)],
+                   "_RotaryBackward": [lambda x: RotaryEmbedding(8, 10000.0, 8, fused=True).to(
+                       device).rotate(x.unsqueeze(1), *RotaryEmbedding(8, 1e4, 8).to(device)
+                       .cos_sin(torch.arange(3, device=device).expand(2, 3)))],
+                   "_GatedBackward": [fused_swiglu],
+                   "_BiasGeluBackward": [lambda x: bias_gelu(x, torch.zeros(32, device=device))]}
+    xg = x.clone().requires_grad_()
+    context = fusions.triton_on_cpu() if device == "cpu" else torch.enable_grad()
+    with context:
+        assert fusions.use_triton(xg)
+        for backward, fns in modules.items():
+            for fn in fns:
+                assert type(fn(xg).grad_fn).__name__ == backward
+    if device == "cpu":  # outside the context: the torch code
+        assert not fusions.use_triton(xg)
+        assert FusedRMSNorm(32, 1e-5)(xg).grad_fn.name() != "_NormBackward"
+        assert torch.allclose(FusedRMSNorm(32, 1e-5)(x), RMSNorm(32, 1e-5)(x), atol=1e-6)
+
+
+def model_config(**overrides) -> ModelConfig:
+    base = dict(num_layers=2, hidden_size=32, num_attention_heads=4, num_kv_heads=4,
+                intermediate_size=64, seq_length=8, max_position_embeddings=16,
+                padded_vocab_size=64, rotary_pct=0.5)
+    base.update(overrides)
+    return ModelConfig(**base)
+
+
+ALL_FLAGS = dict(layernorm_fusion=True, rmsnorm_fusion=True, rope_fusion=True,
+                 bias_gelu_fusion=True, bias_dropout_fusion=True, use_flashattn_swiglu=True)
+ARCHITECTURES = {"neox": {}, "llama": dict(norm="rmsnorm", activation="swiglu")}
+
+
+def loss_and_grads(config, device, kernels_on: bool, seed=0):
+    torch.manual_seed(seed)
+    model = GPTModel(config).to(device).train()
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, 64, (2, 8), generator=g).to(device)
+    labels = torch.randint(0, 64, (2, 8), generator=g).to(device)
+    context = fusions.triton_on_cpu() if kernels_on and device == "cpu" else torch.enable_grad()
+    with context:
+        assert fusions.use_triton(tokens.float()) == (kernels_on or device == "cuda")
+        loss = lm_loss(model(tokens, torch.arange(8, device=device).expand(2, 8)),
+                       (labels, torch.ones(2, 8, device=device)))
+        loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_model_with_every_flag_equals_its_torch_paths(arch):
+    config = model_config(**ARCHITECTURES[arch], **ALL_FLAGS)
+    loss, grads_ = loss_and_grads(config, "cpu", kernels_on=True)
+    ref_loss, ref_grads = loss_and_grads(config, "cpu", kernels_on=False)
+    assert abs(loss - ref_loss) < 1e-5
+    for name, grad in ref_grads.items():
+        assert torch.allclose(grads_[name], grad, atol=1e-5), name
+    assert abs(loss - math.log(64)) < 0.5
+
+
+def test_bias_gelu_fusion_changes_the_function_as_in_gpt_neox():
+    """With the flag the MLP's GELU is the tanh approximation on every path, so the flag is
+    part of the architecture; without it, the erf GELU."""
+    erf = model_config(init_method_std=0.5)  # pre-activations of order 1, where the two differ
+    tanh = dataclasses.replace(erf, bias_gelu_fusion=True)
+    a, _ = loss_and_grads(erf, "cpu", kernels_on=False)
+    b, _ = loss_and_grads(tanh, "cpu", kernels_on=False)
+    assert 1e-6 < abs(a - b) < 1e-2
+    assert (erf.gelu_approximation, tanh.gelu_approximation) == ("none", "tanh")
+    assert dataclasses.replace(tanh, activation="swiglu").gelu_approximation == "none"
+
+
+def test_fused_dropout_model_trains_reproducibly():
+    config = model_config(hidden_dropout=0.5, **ALL_FLAGS)
+    first, _ = loss_and_grads(config, "cpu", kernels_on=True, seed=1)
+    again, _ = loss_and_grads(config, "cpu", kernels_on=True, seed=1)
+    other, _ = loss_and_grads(config, "cpu", kernels_on=True, seed=2)
+    without, _ = loss_and_grads(dataclasses.replace(config, hidden_dropout=0.0), "cpu",
+                                kernels_on=True, seed=1)
+    assert first == again
+    assert first != without and other != first
