@@ -15,6 +15,12 @@ with fused AdamW, `eager` (the default on a CPU, where compiling takes minutes) 
 each of our runs a line says where our step's time went (forward, backward, optimizer step,
 gradient reduction, the rest), timed around DeepSpeed's phases with the device synchronised,
 and, on a GPU, the peak memory allocated beside the estimate deepy.py prints for the run.
+
+Each side runs in a fresh process: ours set up as a train.py worker sets itself up (on a CPU
+that includes keeping freed host memory, megatron/training/host_memory.py), the reference as a
+plain script runs, with glibc's defaults; `--reference-allocator framework` gives the reference
+the same host-memory setting, to show how much of the difference that setting is. On a CPU a
+line gives each side's page faults per step.
 """
 
 from __future__ import annotations
@@ -158,8 +164,15 @@ class PhaseTimer:
         return "where our step's time went: " + ", ".join(parts) + f", other {rest / total:.0%}"
 
 
+def page_faults() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def bench_ours(args, vocab: int, warmup: int, steps: int):
-    """(model config, median step seconds, the phase line, peak GiB allocated on CUDA)."""
+    """(model config, median step seconds, the phase line, peak GiB allocated on CUDA, page
+    faults per step)."""
     import torch
 
     from megatron.model.config import model_config_from_args
@@ -173,12 +186,14 @@ def bench_ours(args, vocab: int, warmup: int, steps: int):
         torch.cuda.reset_peak_memory_stats()
     engine = build_engine(args, config, ProcessGroups.build(Topology(1, 1, 1)))
     data = batches(vocab, args.derived.train_micro_batch_size_per_gpu, args.model.seq_length)
+    faults = page_faults()
     seconds = time_steps(lambda: train_step(engine, data), warmup, steps)
+    faults = (page_faults() - faults) / (warmup + steps)
     phases = PhaseTimer(engine.engine, engine.is_pipeline)
     phases.active = True
     timed = time_steps(lambda: train_step(engine, data), 0, steps) * steps
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
-    return config, seconds, phases.line(timed), peak
+    return config, seconds, phases.line(timed), peak, faults
 
 
 def hf_model(config):
@@ -219,7 +234,46 @@ def bench_hf(config, dtype: str, micro: int, warmup: int, steps: int, compiled: 
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return time_steps(step, warmup, steps)
+    faults = page_faults()
+    seconds = time_steps(step, warmup, steps)
+    return seconds, (page_faults() - faults) / (warmup + steps)
+
+
+def measure(side: str, opts, size: str, dtype: str, seq: int, micro: int) -> dict:
+    """One side's figures, measured in this (fresh) process: "ours" set up as train.py's
+    worker sets itself up, "hf" as a plain script runs (unless --reference-allocator
+    framework)."""
+    os.environ.update({k: os.environ.get(k, v) for k, v in dict(
+        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="29517").items()})
+    from megatron.monitoring.logger import setup_logging
+    from megatron.mpu.initialize import init_distributed
+    from megatron.training.host_memory import keep_freed_memory
+
+    setup_logging("warning")
+    args = neox_args(size, dtype, seq, micro, opts.pipe_parallel_size)
+    vocab = 50304 if size != "tiny" else 8192
+    compiled = opts.reference == "compiled"
+    if device().type == "cpu" and (side == "ours" or opts.reference_allocator == "framework"):
+        keep_freed_memory()  # what train.py does on the CPU accelerator
+    if side == "hf":
+        from megatron.model.config import model_config_from_args
+
+        seconds, faults = bench_hf(model_config_from_args(args, vocab), dtype, micro,
+                                   opts.warmup, opts.steps, compiled)
+        return {"seconds": seconds, "faults": faults}
+    init_distributed("auto", 5.0)
+    config, seconds, phases, allocated, faults = bench_ours(args, vocab, opts.warmup, opts.steps)
+    return {"seconds": seconds, "faults": faults, "phases": phases, "allocated": allocated,
+            "config": config}
+
+
+def in_fresh_process(*args) -> dict:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(measure, *args).result()
 
 
 def main(argv=None) -> int:
@@ -236,22 +290,20 @@ def main(argv=None) -> int:
     parser.add_argument("--pipe-parallel-size", type=int, default=1,
                         help="1: our model as a one-stage DeepSpeed PipelineModule (GPT-NeoX's "
                              "default); 0: as a plain module")
+    parser.add_argument("--reference-allocator", choices=["default", "framework"],
+                        default="default",
+                        help="on a CPU: the reference with glibc's defaults, as a plain script "
+                             "runs (default), or with the host-memory setting our workers make "
+                             "(megatron/training/host_memory.py), to separate that gain")
     opts = parser.parse_args(argv)
 
-    os.environ.update({k: os.environ.get(k, v) for k, v in dict(
-        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29517").items()})
-    from megatron.monitoring.logger import setup_logging
-    from megatron.mpu.initialize import init_distributed
     from megatron.training.flops import count_parameters, flops_per_token
-
-    setup_logging("warning")
-    init_distributed("auto", 5.0)
     import torch
 
     from megatron.training.memory_estimate import GIB, training_estimate
 
-    compiled = (opts.reference or ("compiled" if torch.cuda.is_available() else "eager")) == \
-        "compiled"
+    opts.reference = opts.reference or ("compiled" if torch.cuda.is_available() else "eager")
+    compiled = opts.reference == "compiled"
     peak = matmul_peak_bf16()
     print(f"device: {device()} ({torch.get_num_threads()} threads); bf16 matmul peak "
           f"{peak / 1e12:.2f} TFLOP/s (measured); reference "
@@ -264,14 +316,20 @@ def main(argv=None) -> int:
         for dtype in opts.dtypes:
             args = neox_args(size, dtype, seq, micro, opts.pipe_parallel_size)
             vocab = 50304 if size != "tiny" else 8192
-            config, ours, phases, allocated = bench_ours(args, vocab, opts.warmup, opts.steps)
-            ref = bench_hf(config, dtype, micro, opts.warmup, opts.steps, compiled)
+            mine = in_fresh_process("ours", opts, size, dtype, seq, micro)
+            theirs = in_fresh_process("hf", opts, size, dtype, seq, micro)
+            config, ours, ref = mine["config"], mine["seconds"], theirs["seconds"]
+            phases, allocated = mine["phases"], mine["allocated"]
             tokens = micro * seq
             mfu = flops_per_token(config) * tokens / ours / peak
             print(f"{size:>5} {dtype:>5} {count_parameters(config) / 1e6:>8.1f}M {seq:>5} {micro:>5} | "
                   f"{ours * 1e3:>9.1f} {tokens / ours:>10,.0f} | {ref * 1e3:>9.1f} "
                   f"{tokens / ref:>10,.0f} | {ref / ours:>6.2f}x | {mfu:>6.1%}", flush=True)
             print(f"      {phases}", flush=True)
+            if device().type == "cpu":
+                print(f"      page faults per step: ours {mine['faults']:,.0f}, reference "
+                      f"{theirs['faults']:,.0f} (reference allocator: "
+                      f"{opts.reference_allocator})", flush=True)
             if allocated is not None:
                 estimate = training_estimate(args, vocab, device="cuda")
                 print(f"      peak allocated {allocated:.2f} GiB; estimate {estimate.total / GIB:.2f}"

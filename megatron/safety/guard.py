@@ -112,6 +112,14 @@ class StepGuard:
         return None
 
 
+def all_finite(tensors) -> bool:
+    """Whether every element of `tensors` is finite: one fused pass (the largest magnitude of
+    each tensor, which is inf or NaN exactly when the tensor holds one)."""
+    import torch
+
+    return bool(torch.stack(torch._foreach_norm(tensors, ord=float("inf"))).isfinite().all())
+
+
 def weights_finite(engine) -> bool:
     """Whether every weight of every rank is finite (ZeRO 3: every partition). Collective."""
     import torch
@@ -120,9 +128,9 @@ def weights_finite(engine) -> bool:
     from megatron.checkpointing.optimizer_layouts import stored_tensor
 
     bad = torch.zeros(1)
-    for p in engine.engine.module.parameters():
-        if not torch.isfinite(stored_tensor(p)).all():
-            bad += 1
-            break
+    stored = [stored_tensor(p) for p in engine.engine.module.parameters()]
+    stored = [t for t in stored if t.numel()]
+    if stored and not all_finite(stored):
+        bad += 1
     dist.all_reduce(bad, op=dist.ReduceOp.MAX)
     return not bad.item()

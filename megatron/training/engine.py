@@ -106,6 +106,7 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
     )
     _record_fp32_grad_norm(engine)
     _skip_nonfinite_steps(engine)
+    _skip_reduction_over_one_replica(engine)
     loss_scale = unapplied_loss_scale(engine.optimizer)
     is_pipeline = args.parallelism.pipe_parallel_size >= 1
     if is_pipeline:
@@ -164,6 +165,8 @@ def _skip_nonfinite_steps(engine) -> None:
     import torch
     import torch.distributed as dist
 
+    from megatron.safety.guard import all_finite
+
     optimizer = engine.optimizer
     if optimizer is None or hasattr(optimizer, "overflow"):
         return
@@ -173,13 +176,28 @@ def _skip_nonfinite_steps(engine) -> None:
         grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         bad = torch.zeros(1)
         if grads:  # (the flag moves to the CPU, where gloo reduces it)
-            bad[0] = float(not torch.stack([torch.isfinite(g).all() for g in grads]).all())
+            bad[0] = float(not all_finite(grads))
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)  # every rank steps, or none
         optimizer.overflow = bool(bad.item())
         return None if optimizer.overflow else step(*args, **kwargs)
 
     optimizer.overflow = False
     optimizer.step = checked_step
+
+
+def _skip_reduction_over_one_replica(engine) -> None:
+    """With one data-parallel replica DeepSpeed still copies every gradient into a flat bucket,
+    all-reduces it over a group of one, divides by 1 and copies it back: a pass over all
+    gradients twice each step for nothing. Skip that when the reduction is the identity (a group
+    of one, no pre-division, no DeepSpeed sequence parallelism)."""
+    import torch.distributed as dist
+
+    group = (engine.mpu.get_data_parallel_group() if engine.pipeline_parallelism
+             else engine.seq_data_parallel_group)
+    if (dist.get_world_size(group) != 1 or engine.gradient_predivide_factor() != 1.0
+            or getattr(engine, "sequence_parallel_size", 1) != 1):
+        return
+    engine._reduce_non_expert_gradients = lambda grads, elements_per_buffer: None
 
 
 def clip_grad_norm(parameters, max_norm: float, mpu) -> float:

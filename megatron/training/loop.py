@@ -77,12 +77,25 @@ def pretrain(args) -> RunState:
     """Train `args` to train_iters on this worker; returns the final state. Collective: every rank."""
     init_distributed(args.parallelism.distributed_backend,
                      args.launcher.distributed_timeout_minutes, args.launcher)
+    _host_memory()
     try:
         with run_lock(args.checkpoint.save), \
                 watchdog.running(args, dist.get_rank(), dist.get_world_size()):  # A33, A4
             return _pretrain(args.with_world_size(dist.get_world_size()))
     finally:
         destroy_distributed()
+
+
+def _host_memory() -> None:
+    """On the CPU accelerator, keep freed host memory for the next step (host_memory.py)."""
+    from deepspeed.accelerator import get_accelerator
+
+    from megatron.training.host_memory import keep_freed_memory
+
+    if get_accelerator().device_name() == "cpu":
+        line = keep_freed_memory()
+        if line and dist.get_rank() == 0:
+            log.info("%s", line)
 
 
 def setup_engine(args):
