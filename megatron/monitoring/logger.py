@@ -60,6 +60,10 @@ def refresh_rank() -> None:
     root.setLevel(level if (rank == 0 or all_ranks) else max(logging.WARNING, level))
     prefix = f"[rank {rank}] " if "RANK" in os.environ else ""
     handler.setFormatter(logging.Formatter(prefix + _FORMAT, datefmt="%H:%M:%S"))
+    # DeepSpeed's own logger (once deepspeed is imported) writes its lines in the same form
+    for ds_handler in logging.getLogger("DeepSpeed").handlers:
+        ds_handler.setFormatter(logging.Formatter(
+            prefix + _FORMAT.replace("%(name)s", "deepspeed"), datefmt="%H:%M:%S"))
 
 
 def _handler(root: logging.Logger) -> logging.Handler | None:

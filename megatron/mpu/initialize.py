@@ -59,6 +59,7 @@ def init_distributed(backend: str, timeout_minutes: float,
                  place.launcher, place.master_addr, place.master_port)
     import deepspeed
 
+    refresh_rank()  # DeepSpeed's logger exists now: its lines take the same form
     disable_deepspeed_shm_allreduce()
     backend = resolve_backend(backend)
     timeout = collective_timeout(timeout_minutes)

@@ -92,18 +92,19 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
     optimizer = build_optimizer(model, args.optimizer.optimizer["type"],
                                 args.optimizer.optimizer.get("params", {}), args.optimizer.weight_decay)
     schedule = lr_schedule(args)
-    engine, _, _, _ = deepspeed.initialize(
-        model=model,
-        optimizer=optimizer,
-        lr_scheduler=lambda opt: AnnealingLR(
-            opt, schedule, use_checkpoint=args.lr_schedule.use_checkpoint_lr_scheduler,
-            override=args.lr_schedule.override_lr_scheduler),
-        model_parameters=None,
-        config=deepspeed_config(args),
-        # a PipelineModule brings its own grid; a plain module needs our groups
-        mpu=None if args.parallelism.pipe_parallel_size >= 1 else DeepSpeedMPU(groups),
-        dist_init_required=False,
-    )
+    with deepspeed_prints():  # its bf16 optimizer prints memory usage 6 times: debug lines
+        engine, _, _, _ = deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            lr_scheduler=lambda opt: AnnealingLR(
+                opt, schedule, use_checkpoint=args.lr_schedule.use_checkpoint_lr_scheduler,
+                override=args.lr_schedule.override_lr_scheduler),
+            model_parameters=None,
+            config=deepspeed_config(args),
+            # a PipelineModule brings its own grid; a plain module needs our groups
+            mpu=None if args.parallelism.pipe_parallel_size >= 1 else DeepSpeedMPU(groups),
+            dist_init_required=False,
+        )
     _record_fp32_grad_norm(engine)
     _skip_nonfinite_steps(engine)
     _skip_reduction_over_one_replica(engine)

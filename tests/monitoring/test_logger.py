@@ -14,3 +14,29 @@ def test_deepspeed_prints_become_debug_lines(capsys, caplog):
     debug = [r for r in caplog.records if r.name == "megatron.deepspeed"]
     assert [(r.levelno, r.getMessage()) for r in debug] == [
         (logging.DEBUG, "steps: 10 loss: 7.9269 iter time (s): 0.065")]
+
+
+def test_deepspeed_logger_lines_take_the_projects_form(monkeypatch):
+    """DeepSpeed's own warnings (e.g. its bf16 accumulation notice) print as '[rank N] [time]
+    [WARNING] [deepspeed] ...', like every other line, so the launcher merges them across ranks."""
+    import io
+
+    from megatron.monitoring.logger import setup_logging
+
+    stream = io.StringIO()
+    ds = logging.getLogger("DeepSpeed")
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("[%(asctime)s] [%(levelname)s] [%(filename)s] %(message)s"))
+    monkeypatch.setattr(ds, "handlers", [handler])
+    root = logging.getLogger("megatron")  # restored after: other tests rely on propagation
+    saved = (list(root.handlers), root.propagate, root.level)
+    monkeypatch.setenv("RANK", "3")
+    try:
+        setup_logging()
+        ds.warning("**** BF16 gradient accumulation is not safe ****")
+    finally:
+        root.handlers[:], root.propagate = saved[0], saved[1]
+        root.setLevel(saved[2])
+    line = stream.getvalue().strip()
+    assert line.startswith("[rank 3] [") and \
+        line.endswith("] [WARNING] [deepspeed] **** BF16 gradient accumulation is not safe ****")
