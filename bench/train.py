@@ -1,6 +1,7 @@
 """Training-step throughput: our DeepSpeed step against Hugging Face GPTNeoXForCausalLM trained
 with torch AdamW in a plain loop, same dimensions, batch and dtype, measured in the same run;
-plus MFU against a bf16 matmul peak measured here too.
+plus MFU against the best matmul peak measured here too (bf16, or fp32 where that is faster:
+CPUs without AMX, where bf16 products run in fp32, megatron/mpu/products.py).
 
     python bench/train.py                                # tiny and 125M-class, fp32 and bf16
     python bench/train.py --sizes tiny --dtypes bf16 --steps 3
@@ -55,14 +56,14 @@ def sync():
         torch.cuda.synchronize()
 
 
-def matmul_peak_bf16(n: int = 4096 if os.environ.get("CUDA_VISIBLE_DEVICES") else 2048) -> float:
-    """Best bf16 matmul FLOP/s of an n x n x n product on this device."""
+def matmul_peak(dtype: str, n: int = 2048) -> float:
+    """Best matmul FLOP/s of an n x n x n product in `dtype` on this device."""
     import torch
 
     if torch.cuda.is_available():
         n = 8192
-    a = torch.randn(n, n, device=device(), dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device(), dtype=torch.bfloat16)
+    a = torch.randn(n, n, device=device(), dtype=getattr(torch, dtype))
+    b = torch.randn(n, n, device=device(), dtype=getattr(torch, dtype))
     best = 0.0
     for _ in range(5):
         sync()
@@ -304,9 +305,11 @@ def main(argv=None) -> int:
 
     opts.reference = opts.reference or ("compiled" if torch.cuda.is_available() else "eager")
     compiled = opts.reference == "compiled"
-    peak = matmul_peak_bf16()
-    print(f"device: {device()} ({torch.get_num_threads()} threads); bf16 matmul peak "
-          f"{peak / 1e12:.2f} TFLOP/s (measured); reference "
+    peaks = {dtype: matmul_peak(dtype) for dtype in ("bfloat16", "float32")}
+    peak = max(peaks.values())
+    print(f"device: {device()} ({torch.get_num_threads()} threads); matmul peak bf16 "
+          f"{peaks['bfloat16'] / 1e12:.2f}, fp32 {peaks['float32'] / 1e12:.2f} TFLOP/s "
+          f"(measured; MFU against the higher); reference "
           f"{'torch.compile + fused AdamW' if compiled else 'eager + AdamW'}")
     print(f"{'size':>5} {'dtype':>5} {'params':>9} {'seq':>5} {'micro':>5} | {'ours ms':>9} "
           f"{'ours tok/s':>10} | {'HF ms':>9} {'HF tok/s':>10} | {'ours/HF':>7} | {'MFU':>6}")

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from megatron.model.attention_impls import attention_impl
+from megatron.mpu.products import upcast
 from megatron.model.positional import RotaryEmbedding, alibi_slopes
 from megatron.mpu.groups import NO_TP, TensorParallel
 from megatron.mpu.layers import ColumnParallelLinear, RowParallelLinear
@@ -59,9 +60,12 @@ class SelfAttention(nn.Module):
         h, d = config.hidden_size, config.head_dim
         bias = config.use_bias_in_attn_linear
         qkv_out = (config.num_attention_heads + 2 * config.num_kv_heads) * d
-        self.query_key_value = ColumnParallelLinear(h, qkv_out, init_fn, gen, tp, bias=bias)
+        products = config.fp32_products
+        self.fp32_products = products  # bf16/fp16 CPU attention in fp32 (mpu/products.py)
+        self.query_key_value = ColumnParallelLinear(h, qkv_out, init_fn, gen, tp, bias=bias,
+                                                    fp32_products=products)
         self.dense = RowParallelLinear(config.num_attention_heads * d, h, out_init_fn, gen, tp,
-                                       bias=bias)
+                                       bias=bias, fp32_products=products)
         self.rotary = None
         if config.pos_emb == "rotary":
             self.rotary = RotaryEmbedding(rotary_ndims(config), config.rotary_emb_base,
@@ -91,9 +95,12 @@ class SelfAttention(nn.Module):
             k, v, key_keep = cache.update(k, v)  # [b, kv, offset + s, d]
         mask = self._mask(s, k.shape[2], offset, doc_mask, key_keep, x.device)
         p = self.dropout_p if self.training else 0.0
+        dtype = q.dtype
+        if upcast(q, self.fp32_products):
+            q, k, v = q.float(), k.float(), v.float()
         with self.tp.split_region_rng():
             out = self.kernel(q.contiguous(), k.contiguous(), v.contiguous(), mask, p,
-                              self.softmax_fp32)
+                              self.softmax_fp32).to(dtype)
         out = out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)  # [b, s, h/tp]
         return self.dense(out)  # [b, s, h] (or [b, s/tp, h] with sequence parallelism)
 

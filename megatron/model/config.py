@@ -48,12 +48,20 @@ class ModelConfig:
     bias_gelu_fusion: bool = False  # GELU's tanh approximation (GPT-NeoX's meaning of the flag)
     bias_dropout_fusion: bool = False
     use_flashattn_swiglu: bool = False
+    cpu_matmul_precision: str = "auto"  # bf16/fp16 products on CPU tensors (mpu/products.py)
     seed: int = 1234
     value_head: bool = False  # a reward model: a value head in place of the LM head
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def fp32_products(self) -> bool:
+        """Whether bf16/fp16 products on CPU tensors run in fp32 (megatron/mpu/products.py)."""
+        from megatron.mpu.products import fp32_products
+
+        return fp32_products(self.cpu_matmul_precision)
 
     @property
     def gelu_approximation(self) -> str:
@@ -107,6 +115,7 @@ def model_config_from_args(args, padded_vocab_size: int) -> ModelConfig:
         bias_gelu_fusion=m.bias_gelu_fusion,
         bias_dropout_fusion=m.bias_dropout_fusion,
         use_flashattn_swiglu=m.use_flashattn_swiglu,
+        cpu_matmul_precision=m.cpu_matmul_precision,
         seed=args.training.seed,
         value_head=args.training.train_impl == "rm",
     )

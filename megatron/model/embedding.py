@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.init import init_methods, layer_generator
 from megatron.model.positional import sinusoidal_table
 from megatron.mpu.groups import NO_TP, TensorParallel
 from megatron.mpu.layers import VocabParallelEmbedding
+from megatron.mpu.products import linear
 from megatron.mpu.mappings import (copy_to_tensor_parallel, gather_from_sequence_parallel,
                                    scatter_to_tensor_parallel)
 
@@ -20,6 +20,7 @@ class Embedding(nn.Module):
     def __init__(self, config, tp: TensorParallel = NO_TP):
         super().__init__()
         self.tp = tp
+        self.fp32_products = config.fp32_products  # bf16/fp16 CPU LM head in fp32 (products.py)
         init_fn, _ = init_methods(config)
         gen = layer_generator(config.seed, 0)
         self.word_embeddings = VocabParallelEmbedding(config.padded_vocab_size, config.hidden_size,
@@ -57,7 +58,7 @@ class Embedding(nn.Module):
             hidden = gather_from_sequence_parallel(hidden, self.tp)
         else:
             hidden = copy_to_tensor_parallel(hidden, self.tp)
-        return F.linear(hidden, self.word_embeddings.weight)
+        return linear(hidden, self.word_embeddings.weight, fp32=self.fp32_products)
 
 
 class EmbeddingPipe(Embedding):

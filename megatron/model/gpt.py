@@ -42,7 +42,8 @@ class LMHead(ColumnParallelLinear):
     def __init__(self, config, tp: TensorParallel = NO_TP):
         init_fn, _ = init_methods(config)
         super().__init__(config.hidden_size, config.padded_vocab_size, init_fn,
-                         layer_generator(config.seed, config.num_layers + 1), tp, bias=False)
+                         layer_generator(config.seed, config.num_layers + 1), tp, bias=False,
+                         fp32_products=config.fp32_products)
 
 
 def build_layer_specs(config, tp: TensorParallel = NO_TP) -> list:

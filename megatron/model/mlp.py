@@ -23,14 +23,15 @@ class MLP(nn.Module):
         split = Sharding.for_model(config).split_of("mlp.dense_h_to_4h.weight")
         self.dense_h_to_4h = ColumnParallelLinear(config.hidden_size, 2 * ffn if gated else ffn,
                                                   init_fn, gen, tp, bias=bias,
-                                                  stride_groups=split.blocks)
+                                                  stride_groups=split.blocks,
+                                                  fp32_products=config.fp32_products)
         self.activation = get_activation(config.activation)
         if config.activation == "swiglu" and config.use_flashattn_swiglu:
             self.activation = fused_swiglu
         # GPT-NeoX's bias_gelu_fusion: tanh GELU, its bias added with it rather than in the matmul
         self.bias_gelu = config.activation == "gelu" and config.bias_gelu_fusion
         self.dense_4h_to_h = RowParallelLinear(ffn, config.hidden_size, out_init_fn, gen, tp,
-                                               bias=bias)
+                                               bias=bias, fp32_products=config.fp32_products)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [b, s, h] -> [b, s, up/tp] -> [b, s, ffn/tp] -> [b, s, h]

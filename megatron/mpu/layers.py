@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.mpu.groups import NO_TP, TensorParallel
+from megatron.mpu.products import linear
 from megatron.mpu.mappings import (copy_to_tensor_parallel, gather_from_sequence_parallel,
                                    reduce_from_tensor_parallel,
                                    reduce_scatter_to_sequence_parallel)
@@ -91,9 +92,11 @@ class ColumnParallelLinear(nn.Module):
     """
 
     def __init__(self, in_features: int, out_features: int, init_fn: InitFn, gen: torch.Generator,
-                 tp: TensorParallel = NO_TP, bias: bool = True, stride_groups: int = 1):
+                 tp: TensorParallel = NO_TP, bias: bool = True, stride_groups: int = 1,
+                 fp32_products: bool = False):
         super().__init__()
         self.tp = tp
+        self.fp32_products = fp32_products  # bf16/fp16 CPU products in fp32 (products.py)
         full = _init_full((out_features, in_features), init_fn, gen)
         self.weight = nn.Parameter(shard(full, 0, tp, stride_groups))
         self.bias = nn.Parameter(torch.zeros(out_features // tp.size)) if bias else None
@@ -106,7 +109,7 @@ class ColumnParallelLinear(nn.Module):
             x = gather_from_sequence_parallel(x, self.tp)
         else:
             x = copy_to_tensor_parallel(x, self.tp)
-        return F.linear(x, self.weight, self.bias if add_bias else None)
+        return linear(x, self.weight, self.bias if add_bias else None, self.fp32_products)
 
 
 class RowParallelLinear(nn.Module):
@@ -114,9 +117,10 @@ class RowParallelLinear(nn.Module):
     reduce-scattered along the sequence with sequence parallelism); b is added once after."""
 
     def __init__(self, in_features: int, out_features: int, init_fn: InitFn, gen: torch.Generator,
-                 tp: TensorParallel = NO_TP, bias: bool = True):
+                 tp: TensorParallel = NO_TP, bias: bool = True, fp32_products: bool = False):
         super().__init__()
         self.tp = tp
+        self.fp32_products = fp32_products  # bf16/fp16 CPU products in fp32 (products.py)
         full = _init_full((out_features, in_features), init_fn, gen)
         self.weight = nn.Parameter(shard(full, 1, tp))
         if tp.enabled:
@@ -126,7 +130,7 @@ class RowParallelLinear(nn.Module):
             self.bias.sequence_parallel_grad = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+        y = linear(x, self.weight, fp32=self.fp32_products)
         if self.tp.sequence_parallel:
             y = reduce_scatter_to_sequence_parallel(y, self.tp)
         else:

@@ -100,6 +100,7 @@ REGISTRIES: dict[str, Registry] = {
         Registry("dataset_impl", ("gpt2", "pairwise"), ("online",)),
         Registry("pack_impl", ("packed", "pack_until_overflow", "unpacked")),
         Registry("distributed_backend", ("auto", "nccl", "gloo")),
+        Registry("cpu_matmul_precision", ("auto", "fp32", "native")),
         Registry("data_impl", ("mmap", "infer"), ("cached",)),
         Registry("data_fingerprint", ("sampled", "full")),
         Registry("precision", ("fp32", "fp16", "bf16", "bfloat16")),

@@ -15,6 +15,7 @@ from megatron.mpu.deepspeed_adapter import DeepSpeedMPU
 from megatron.mpu.groups import ProcessGroups, TensorParallel
 from megatron.mpu.initialize import disable_deepspeed_shm_allreduce
 from megatron.mpu.layers import sync_sequence_parallel_grads
+from megatron.mpu.products import describe as describe_products
 from megatron.mpu.topology import Topology
 from megatron.training.learning_rates import AnnealingLR, lr_schedule
 from megatron.training.objectives import Objective, build_objective
@@ -73,6 +74,7 @@ def check_precision_supported(precision: str) -> None:
 def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engine:
     """Build the model, a torch optimizer and the LR schedule, and hand them to DeepSpeed."""
     import deepspeed
+    from deepspeed.accelerator import get_accelerator
 
     from megatron.neox_arguments import deepspeed_config
 
@@ -81,6 +83,8 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
     tp = groups.tensor_parallel(args.training.seed, args.parallelism.sequence_parallel)
     for line in fusion_paths(args.model):
         log.info("%s", line)
+    if args.derived.precision != "fp32" and get_accelerator().device_name() == "cpu":
+        log.info("%s", describe_products(model_config.cpu_matmul_precision))
     if args.parallelism.checkpoint_activations:
         configure_activation_checkpointing(args.parallelism, model_config.num_layers,
                                            DeepSpeedMPU(groups))

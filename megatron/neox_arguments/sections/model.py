@@ -142,3 +142,9 @@ class ModelArgs:
         "With activation swiglu, the Triton SwiGLU kernel (forward and backward) on GPUs "
         "instead of flash-attn's; the eager silu(gate) * value elsewhere.",
     )
+    cpu_matmul_precision: str = option(
+        "auto",
+        "bf16/fp16 matrix products on CPU tensors: fp32 multiplies the operands as fp32 and "
+        "rounds the result back (what a bf16 kernel computes, faster on CPUs without AMX), "
+        "native uses torch's low-precision kernels, auto is fp32 unless the CPU has AMX.",
+    )
