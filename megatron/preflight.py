@@ -17,6 +17,8 @@ only as a fine-tune, and fp16 is asked for only where a local launch has CUDA
 (training.engine.check_precision_supported).
 
 For a run that loads a checkpoint:
+- the model shape the manifest records (layers, widths, heads, experts) is this config's
+  (checkpointing.model_shape.shape_mismatches, A23; the workers check it again);
 - the padded vocabulary: the checkpoint's own size must split over this run's
   model_parallel_size and hold the tokenizer's ids (checkpointing.model_shape.resumed_vocab;
   the workers build the model with that size);
@@ -65,10 +67,23 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
     if manifest is None:
         return
     step_dir = Path(ck.load) / manifest.tag
+    _check_shape(args, manifest.run, step_dir)
     _check_vocab(args, tokenizer, manifest.run.get("padded_vocab_size"), step_dir)
     # a checkpoint written from weights alone (e.g. converted from Hugging Face) has no schedule
     if name == "train.py" and not ck.no_load_optim and manifest.contents.get("engine", True):
         _check_schedule(args, step_dir)
+
+
+def _check_shape(args, saved: dict, step_dir: Path) -> None:
+    """A23 before the workers: the checkpoint holds this config's model shape (layers, widths,
+    heads, experts); the vocabulary is checked apart (_check_vocab)."""
+    from megatron.checkpointing.model_shape import describe_shape, shape_mismatches
+
+    found = shape_mismatches(saved, describe_shape(args, None))
+    if found:
+        raise ValueError(f"checkpoint {step_dir} holds another model than this config ("
+                         + "; ".join(found) + "): load it with the model config it was trained "
+                         "with")
 
 
 def _tokenizer(args):

@@ -14,7 +14,9 @@ from dataclasses import fields
 from pathlib import Path
 
 SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
-              "intermediate_size", "padded_vocab_size")
+              "intermediate_size", "padded_vocab_size", "moe_num_experts", "moe_expert_interval")
+# what a manifest written before a key existed means by its absence
+SHAPE_DEFAULTS = {"moe_num_experts": 1, "moe_expert_interval": 1}
 
 ARCHITECTURE_FIELDS = (
     "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "intermediate_size",
@@ -22,6 +24,8 @@ ARCHITECTURE_FIELDS = (
     "tied_embeddings", "gpt_j_residual", "gpt_j_tied", "use_bias_in_norms",
     "use_bias_in_attn_linear", "use_bias_in_mlp", "attention_types", "sliding_window_width",
     "gelu_approximation",  # a property: bias_gelu_fusion with activation gelu
+    "moe_num_experts", "moe_expert_interval", "moe_top_k", "moe_router_type",
+    "moe_normalize_topk",
 )
 # how a mismatch names a field that is not a config key of its own
 FIELD_LABELS = {"gelu_approximation": "GELU approximation (bias_gelu_fusion)"}
@@ -34,6 +38,7 @@ def describe_shape(args, padded_vocab_size: int | None) -> dict:
     return {"num_layers": m.num_layers, "hidden_size": m.hidden_size,
             "num_attention_heads": m.num_attention_heads, "num_kv_heads": d.num_kv_heads,
             "intermediate_size": d.intermediate_size, "padded_vocab_size": padded_vocab_size,
+            "moe_num_experts": m.moe_num_experts, "moe_expert_interval": m.moe_expert_interval,
             "value_head": args.training.train_impl == "rm"}
 
 
@@ -91,7 +96,7 @@ def shape_mismatches(saved: dict, current: dict) -> list[str]:
     """`key: checkpoint X, this run Y` for each recorded shape key that differs."""
     out = []
     for key in SHAPE_KEYS:
-        a, b = saved.get(key), current.get(key)
+        a, b = saved.get(key, SHAPE_DEFAULTS.get(key)), current.get(key)
         if a is not None and b is not None and a != b:
             out.append(f"{key}: checkpoint {a}, this run {b}")
     return out

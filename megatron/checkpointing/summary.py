@@ -30,7 +30,9 @@ def describe_checkpoint(path: Path, iteration: int | None = None, verify: bool =
         return [f"checkpoint {step}"], [str(err)]
     run, state = manifest.run, manifest.client_state
     layout = ", ".join(f"{k} {run.get(k)}" for k in ("tp", "pp", "dp", "zero_stage", "precision"))
-    shape = ", ".join(f"{k} {run[k]}" for k in SHAPE_KEYS if k in run)
+    dense = run.get("moe_num_experts", 1) == 1  # a dense model: its MoE keys say nothing
+    shape = ", ".join(f"{k} {run[k]}" for k in SHAPE_KEYS
+                      if k in run and not (dense and k.startswith("moe_")))
     held = ["weights"] + [k for k, v in manifest.contents.items() if v is True and k != "engine"]
     lines = [f"checkpoint {step} (format {manifest.format_version})",
              f"iteration {manifest.iteration}, consumed samples "

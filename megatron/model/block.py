@@ -11,6 +11,7 @@ from megatron.model.attention import SelfAttention
 from megatron.model.fusions import triton_kernels, use_triton
 from megatron.model.init import init_methods, layer_generator
 from megatron.model.mlp import MLP
+from megatron.model.moe import MoE
 from megatron.model.norms import build_norm
 from megatron.mpu.groups import NO_TP, TensorParallel
 from megatron.mpu.layers import mark_sequence_parallel
@@ -36,7 +37,10 @@ class TransformerLayer(nn.Module):
         init_fn, out_init_fn = init_methods(config)
         gen = layer_generator(config.seed, layer_number + 1)
         self.attention = SelfAttention(config, layer_number, init_fn, out_init_fn, gen, tp)
-        self.mlp = MLP(config, init_fn, out_init_fn, gen, tp)
+        if config.is_moe_layer(layer_number):
+            self.mlp = MoE(config, init_fn, out_init_fn, gen, tp)
+        else:
+            self.mlp = MLP(config, init_fn, out_init_fn, gen, tp)
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)
         self.fused_dropout_add = config.bias_dropout_fusion
 

@@ -49,6 +49,15 @@ class ModelConfig:
     bias_dropout_fusion: bool = False
     use_flashattn_swiglu: bool = False
     cpu_matmul_precision: str = "auto"  # bf16/fp16 products on CPU tensors (mpu/products.py)
+    moe_num_experts: int = 1  # 1: every layer has a dense MLP (megatron/model/moe.py)
+    moe_expert_interval: int = 1
+    moe_top_k: int = 1
+    moe_router_type: str = "sinkhorn"
+    moe_normalize_topk: bool = False
+    moe_jitter_eps: float | None = None
+    moe_lbl_in_fp32: bool = False
+    moe_aux_loss_coeff: float = 0.0
+    moe_z_loss_coeff: float = 0.0
     seed: int = 1234
     value_head: bool = False  # a reward model: a value head in place of the LM head
 
@@ -67,6 +76,11 @@ class ModelConfig:
     def gelu_approximation(self) -> str:
         """'tanh' where the activation is GPT-NeoX's bias_gelu_fusion GELU, else 'none'."""
         return "tanh" if self.activation == "gelu" and self.bias_gelu_fusion else "none"
+
+    def is_moe_layer(self, layer_number: int) -> bool:
+        """Whether transformer layer `layer_number` (0-based) has experts in place of its MLP:
+        GPT-NeoX's rule, every layer whose number is a multiple of moe_expert_interval."""
+        return self.moe_num_experts > 1 and layer_number % self.moe_expert_interval == 0
 
     def attention_type(self, layer_number: int) -> str:
         """The attention kind of transformer layer `layer_number` (0-based)."""
@@ -116,6 +130,15 @@ def model_config_from_args(args, padded_vocab_size: int) -> ModelConfig:
         bias_dropout_fusion=m.bias_dropout_fusion,
         use_flashattn_swiglu=m.use_flashattn_swiglu,
         cpu_matmul_precision=m.cpu_matmul_precision,
+        moe_num_experts=m.moe_num_experts,
+        moe_expert_interval=m.moe_expert_interval,
+        moe_top_k=m.moe_top_k,
+        moe_router_type=m.moe_router_type,
+        moe_normalize_topk=m.moe_normalize_topk,
+        moe_jitter_eps=m.moe_jitter_eps,
+        moe_lbl_in_fp32=m.moe_lbl_in_fp32,
+        moe_aux_loss_coeff=m.moe_aux_loss_coeff,
+        moe_z_loss_coeff=m.moe_z_loss_coeff,
         seed=args.training.seed,
         value_head=args.training.train_impl == "rm",
     )

@@ -47,6 +47,8 @@ def unsupported(config: ModelConfig, name: str = "neox") -> list[str]:
     if any(t != "global" for t in config.attention_types):
         out.append(f"attention types {sorted(set(config.attention_types))} ({title}: global "
                    "only)")
+    if config.moe_num_experts > 1 and not getattr(module, "MIXTURE_OF_EXPERTS", False):
+        out.append(f"moe_num_experts {config.moe_num_experts} ({title} has dense MLPs only)")
     return out + module.unsupported(config)
 
 

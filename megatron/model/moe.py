@@ -1,27 +1,44 @@
 """Mixture-of-experts feed-forward layer: routing, dropless expert computation, router losses.
 
-Routing follows GPT-NeoX's two routers (`moe_router_type`):
+Transformer layer i (0-based) has an `MoE` in place of its MLP when moe_num_experts > 1 and
+i % moe_expert_interval == 0 (GPT-NeoX's rule). Routing follows GPT-NeoX's two routers
+(`moe_router_type`):
 - `sinkhorn`: router logits x W^T (no bias). In training the experts are the top k of the
   Sinkhorn-balanced exp(logits) (three balancing iterations, no gradient); the combination
   weights are the router's activation at those experts: sigmoid for k = 1, softmax otherwise.
   At inference the experts are the top k of that activation itself.
-- `topk`: the top k of softmax(logits); with `normalize` (Mixtral's rule) the k weights are
-  rescaled to sum to 1, without it (GPT-NeoX's) they are the raw probabilities.
+- `topk`: the top k of softmax(logits); with `moe_normalize_topk` (Mixtral's rule) the k weights
+  are rescaled to sum to 1, without it (GPT-NeoX's) they are the raw probabilities.
 `moe_jitter_eps` multiplies the router's input by uniform noise in [1 - eps, 1 + eps] during
 training, as GPT-NeoX's top-k router does.
 
 Dropless: every (token, expert) assignment is computed; nothing is capped by a capacity factor.
-Assignments are sorted by expert, each expert runs one matrix product over its tokens, and the
-outputs, scaled by the weights, are added back to their tokens.
+Assignments are sorted by expert, each expert runs its products over its tokens, and the
+outputs, scaled by the weights, are added back to their tokens. Each expert is an MLP of the
+dense MLP's width and activation, without biases (GPT-NeoX's experts have none): `w_in`
+[E, f (2f for gated activations: value rows, then gate rows), h], `w_out` [E, h, f].
 
-Auxiliary losses (their coefficients are applied by the caller): the Switch Transformer
-load-balancing loss, num_experts * sum_e (fraction of assignments to e) * (mean router
-probability of e), as Hugging Face's Mixtral computes it; and the ST-MoE router z-loss,
-mean(logsumexp(logits)^2).
+Tensor parallelism (GPT-NeoX splits experts over the model-parallel group): each of the tp
+ranks holds E / tp whole experts and the router whole. Every rank routes the same tokens the
+same way, runs its own experts on the tokens sent to them, and the partial outputs are summed
+over the group, as a row-parallel linear's are. The experts' input and the combination weights
+pass through `copy_to_tensor_parallel`, whose backward sums the partial gradients, so the
+router and everything before the layer receive the full gradient on every rank.
+
+Auxiliary losses: the Switch Transformer load-balancing loss, E * sum_e (fraction of
+assignments to e) * (mean router probability of e), as Hugging Face's Mixtral computes it; and
+the ST-MoE router z-loss, mean(logsumexp(logits)^2). GPT-NeoX trains on neither; here
+`moe_aux_loss_coeff` and `moe_z_loss_coeff` (default 0) add them to the training loss. The sum
+is attached to the layer's output (`AttachAuxLoss`): its gradient enters the router in the
+backward, on whichever pipeline stage holds the layer and inside recomputed checkpoints, scaled
+as the language-model loss is (1 / gradient accumulation steps, times the fp16 loss scale:
+`aux_loss_scale`, set by the training step). Each layer keeps its load and losses over the
+training forwards since they were last read (`take_stats`), for the log.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -29,8 +46,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.activations import GATED, get_activation
+from megatron.mpu.groups import NO_TP, TensorParallel
+from megatron.mpu.layers import shard
+from megatron.mpu.mappings import copy_to_tensor_parallel, reduce_from_tensor_parallel
+from megatron.mpu.products import linear
 
 ROUTERS = ("sinkhorn", "topk")
+_GRAD_SCALE = [1.0]  # the gradient scale of the training loss (see aux_loss_scale)
 
 
 def sinkhorn(cost: torch.Tensor, tol: float = 1e-4, max_iter: int = 3) -> torch.Tensor:
@@ -64,7 +86,8 @@ class Router(nn.Module):
     """Token -> top-k experts and their weights (see the module docstring for the kinds)."""
 
     def __init__(self, hidden: int, num_experts: int, top_k: int, kind: str = "sinkhorn",
-                 jitter_eps: float | None = None, normalize: bool = False):
+                 jitter_eps: float | None = None, normalize: bool = False, init_fn=None,
+                 gen: torch.Generator | None = None):
         super().__init__()
         if kind not in ROUTERS:
             raise ValueError(f"moe_router_type {kind!r} is not known; valid: {', '.join(ROUTERS)}")
@@ -73,7 +96,11 @@ class Router(nn.Module):
                              f"{num_experts}")
         self.kind, self.top_k, self.jitter_eps, self.normalize = kind, top_k, jitter_eps, normalize
         self.weight = nn.Parameter(torch.empty(num_experts, hidden))
-        nn.init.normal_(self.weight, std=0.02)
+        with torch.no_grad():  # GPT-NeoX initialises it with init_method
+            if init_fn is None:
+                self.weight.normal_(0.0, 0.02, generator=gen or torch.Generator().manual_seed(0))
+            else:
+                init_fn(self.weight, gen)
 
     def forward(self, x: torch.Tensor) -> Routing:
         # x: [T, h]
@@ -98,45 +125,47 @@ class Router(nn.Module):
 
 
 class Experts(nn.Module):
-    """`num_experts` feed-forward networks h -> f -> h. `w_in` [E, f (2f for gated
-    activations: value rows, then gate rows), h]; `w_out` [E, h, f]; no biases (GPT-NeoX's
-    experts have none)."""
+    """This tensor rank's experts, numbers `first` .. `first + count - 1` of `num_experts`:
+    MLPs h -> f -> h without biases. The full [E, ...] weights are drawn from `gen` and split
+    along the expert dimension, so a seed gives the same experts at any tensor-parallel size."""
 
-    def __init__(self, hidden: int, ffn: int, num_experts: int, activation: str,
-                 init_std: float = 0.02, out_std: float | None = None):
+    def __init__(self, hidden: int, ffn: int, num_experts: int, activation: str, init_fn,
+                 out_init_fn, gen: torch.Generator, tp: TensorParallel = NO_TP,
+                 fp32_products: bool = False):
         super().__init__()
+        self.fp32_products = fp32_products  # bf16/fp16 CPU products in fp32 (mpu/products.py)
+        if num_experts % tp.size:
+            raise ValueError(f"moe_num_experts({num_experts}) is not divisible by "
+                             f"model_parallel_size({tp.size})")
         up = 2 * ffn if activation in GATED else ffn
         self.activation = get_activation(activation)
-        self.w_in = nn.Parameter(torch.empty(num_experts, up, hidden))
-        self.w_out = nn.Parameter(torch.empty(num_experts, hidden, ffn))
-        nn.init.normal_(self.w_in, std=init_std)
-        nn.init.normal_(self.w_out, std=init_std if out_std is None else out_std)
+        self.count = num_experts // tp.size
+        self.first = tp.rank * self.count
+        # initialised as GPT-NeoX's grouped 2-D weights [E * rows, cols]
+        w_in, w_out = torch.empty(num_experts * up, hidden), torch.empty(num_experts * hidden, ffn)
+        init_fn(w_in, gen)
+        out_init_fn(w_out, gen)
+        self.w_in = nn.Parameter(shard(w_in.view(num_experts, up, hidden), 0, tp))
+        self.w_out = nn.Parameter(shard(w_out.view(num_experts, hidden, ffn), 0, tp))
+        if tp.enabled:
+            self.w_in.tensor_model_parallel = self.w_out.tensor_model_parallel = True
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        # x: [N, h], rows grouped by expert, counts[e] rows for expert e -> [N, h]
+        # x: [N, h], rows grouped by local expert, counts[e] rows for expert e -> [N, h]
         outputs = []
-        for e, rows in enumerate(x.split(counts)):
-            if rows.shape[0]:
-                outputs.append(F.linear(self.activation(F.linear(rows, self.w_in[e])),
-                                        self.w_out[e]))
-        return torch.cat(outputs) if outputs else x.new_zeros(0, x.shape[-1])
+        for e, rows in enumerate(x.split(counts)):  # every expert, so every weight has a grad
+            up = self.activation(linear(rows, self.w_in[e], fp32=self.fp32_products))
+            outputs.append(linear(up, self.w_out[e], fp32=self.fp32_products))
+        return torch.cat(outputs)
 
 
-@dataclass(frozen=True)
-class MoEStats:
-    """One MoE layer's step: assignments per expert [E], and the two auxiliary losses."""
-
-    load: torch.Tensor
-    balance_loss: torch.Tensor
-    z_loss: torch.Tensor
-
-
-def load_balancing_loss(logits: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+def load_balancing_loss(logits: torch.Tensor, experts: torch.Tensor,
+                        fp32: bool = True) -> torch.Tensor:
     """num_experts * sum_e (assignments to e / tokens) * (mean softmax probability of e)."""
     num_experts = logits.shape[-1]
-    probs = torch.softmax(logits.float(), dim=-1)  # [T, E]
-    share = torch.bincount(experts.reshape(-1), minlength=num_experts).float() / logits.shape[0]
-    return num_experts * (share * probs.mean(0)).sum()
+    probs = torch.softmax(logits.float() if fp32 else logits, dim=-1)  # [T, E]
+    share = torch.bincount(experts.reshape(-1), minlength=num_experts) / logits.shape[0]
+    return num_experts * (share.to(probs.dtype) * probs.mean(0)).sum()
 
 
 def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
@@ -144,29 +173,97 @@ def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits.float(), dim=-1).square().mean()
 
 
-class DroplessMoE(nn.Module):
-    """Router plus experts: every token's output is the weighted sum of its k experts' outputs."""
+@contextlib.contextmanager
+def aux_loss_scale(scale: float):
+    """Within, the auxiliary losses' gradients are multiplied by `scale`: the factor the
+    training loss's gradient carries (1 / accumulation steps, times the fp16 loss scale)."""
+    saved, _GRAD_SCALE[0] = _GRAD_SCALE[0], scale
+    try:
+        yield
+    finally:
+        _GRAD_SCALE[0] = saved
 
-    def __init__(self, hidden: int, ffn: int, num_experts: int, top_k: int, activation: str,
-                 router: str = "sinkhorn", jitter_eps: float | None = None,
-                 normalize: bool = False):
+
+class AttachAuxLoss(torch.autograd.Function):
+    """Identity on `out`; in the backward, d(aux)/d(aux) times the current gradient scale flows
+    into `aux`, as if it had been added to the training loss."""
+
+    @staticmethod
+    def forward(ctx, out, aux):
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, torch.full((), _GRAD_SCALE[0], device=grad.device)
+
+
+@dataclass
+class MoEStats:
+    """One MoE layer over some training forwards: assignments per expert [E] (summed), the mean
+    load-balancing and z losses, and how many forwards."""
+
+    load: torch.Tensor
+    balance_loss: float
+    z_loss: float
+    forwards: int
+
+
+class MoE(nn.Module):
+    """Router plus experts in place of a transformer layer's MLP: x [b, s, h] -> [b, s, h],
+    every token's output the weighted sum of its k experts' outputs."""
+
+    def __init__(self, config, init_fn, out_init_fn, gen: torch.Generator,
+                 tp: TensorParallel = NO_TP):
         super().__init__()
-        self.num_experts = num_experts
-        self.router = Router(hidden, num_experts, top_k, router, jitter_eps, normalize)
-        self.experts = Experts(hidden, ffn, num_experts, activation)
+        self.tp = tp
+        self.num_experts = config.moe_num_experts
+        self.router = Router(config.hidden_size, config.moe_num_experts, config.moe_top_k,
+                             config.moe_router_type, config.moe_jitter_eps,
+                             config.moe_normalize_topk, init_fn, gen)
+        self.experts = Experts(config.hidden_size, config.intermediate_size,
+                               config.moe_num_experts, config.activation, init_fn, out_init_fn,
+                               gen, tp, config.fp32_products)
+        self.coeffs = (config.moe_aux_loss_coeff, config.moe_z_loss_coeff)
+        self.lbl_fp32 = config.moe_lbl_in_fp32
+        self._sums: list = []  # [load, balance, z, forwards] since take_stats
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, MoEStats]:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [b, s, h] -> [b, s, h]
         flat = x.reshape(-1, x.shape[-1])  # [T, h]
         routing = self.router(flat)
         k = routing.experts.shape[1]
         expert_of = routing.experts.reshape(-1)  # [T k]
         order = torch.argsort(expert_of, stable=True)  # assignments grouped by expert
-        token_of = order // k
-        load = torch.bincount(expert_of, minlength=self.num_experts)
-        out = self.experts(flat[token_of], load.tolist())  # [T k, h]
-        out = out * routing.weights.reshape(-1)[order].unsqueeze(-1).to(out.dtype)
+        load = torch.bincount(expert_of, minlength=self.num_experts)  # [E]
+        first, count = self.experts.first, self.experts.count
+        ends = torch.cumsum(load, 0).tolist()
+        begin, end = (ends[first - 1] if first else 0), ends[first + count - 1]
+        mine = order[begin:end]  # this rank's experts' assignments
+        token_of = mine // k
+        inputs = copy_to_tensor_parallel(flat, self.tp)  # backward: sum the partial grads
+        weights = copy_to_tensor_parallel(routing.weights, self.tp)
+        out = self.experts(inputs[token_of], load[first:first + count].tolist())  # [n, h]
+        out = out * weights.reshape(-1)[mine].unsqueeze(-1).to(out.dtype)
         combined = torch.zeros_like(flat).index_add_(0, token_of, out.to(flat.dtype))
-        stats = MoEStats(load, load_balancing_loss(routing.logits, routing.experts),
-                         router_z_loss(routing.logits))
-        return combined.view_as(x), stats
+        combined = reduce_from_tensor_parallel(combined, self.tp)
+        balance = load_balancing_loss(routing.logits, routing.experts, self.lbl_fp32)
+        z = router_z_loss(routing.logits)
+        if self.training:
+            self._record(load, balance, z)
+            aux = self.coeffs[0] * balance + self.coeffs[1] * z
+            if torch.is_grad_enabled() and any(self.coeffs):
+                combined = AttachAuxLoss.apply(combined, aux)
+        return combined.view_as(x)
+
+    def _record(self, load: torch.Tensor, balance: torch.Tensor, z: torch.Tensor) -> None:
+        values = [load.detach(), balance.detach().float(), z.detach(), 1]
+        self._sums = values if not self._sums else [a + b for a, b in zip(self._sums, values)]
+
+    def take_stats(self) -> MoEStats | None:
+        """The load and mean losses of the training forwards since the last call (None if
+        there were none); starts a new count."""
+        if not self._sums:
+            return None
+        load, balance, z, n = self._sums
+        self._sums = []
+        return MoEStats(load.cpu(), balance.item() / n, z.item() / n, n)

@@ -40,18 +40,32 @@ def embedding_params(config, tp: int = 1) -> int:
     return count
 
 
-def block_params(config, tp: int = 1) -> int:
-    """One transformer layer on a rank of `tp`: two norms, attention, MLP."""
+def expert_params(config) -> int:
+    """One expert of an MoE layer: the MLP's two matrices without biases."""
+    up = config.intermediate_size * (2 if config.activation in GATED else 1)
+    return (up + config.intermediate_size) * config.hidden_size
+
+
+def mlp_params(config, tp: int = 1, moe: bool = False) -> int:
+    """The feed-forward part of a layer on a rank of `tp`: the dense MLP, or with `moe` the
+    router (whole on every rank) and moe_num_experts / tp experts."""
+    h = config.hidden_size
+    if moe:
+        experts = config.moe_num_experts
+        return experts * h + experts // tp * expert_params(config)
+    up_rows = config.intermediate_size * (2 if config.activation in GATED else 1) // tp
+    count = up_rows * h + h * (config.intermediate_size // tp)
+    return count + (up_rows + h if config.use_bias_in_mlp else 0)
+
+
+def block_params(config, tp: int = 1, moe: bool = False) -> int:
+    """One transformer layer on a rank of `tp`: two norms, attention, MLP (or MoE)."""
     h, d = config.hidden_size, config.head_dim
     qkv_rows = (config.num_attention_heads + 2 * config.num_kv_heads) * d // tp
     attn_cols = config.num_attention_heads * d // tp
-    up_rows = config.intermediate_size * (2 if config.activation in GATED else 1) // tp
-    down_cols = config.intermediate_size // tp
-    count = 2 * norm_params(config) + qkv_rows * h + h * attn_cols + up_rows * h + h * down_cols
+    count = 2 * norm_params(config) + qkv_rows * h + h * attn_cols + mlp_params(config, tp, moe)
     if config.use_bias_in_attn_linear:
         count += qkv_rows + h  # the dense (row-parallel) bias is whole on every rank
-    if config.use_bias_in_mlp:
-        count += up_rows + h
     return count
 
 
@@ -65,11 +79,12 @@ def layer_kinds(config) -> list[str]:
 def layer_params(config, tp: int = 1) -> list[int]:
     """Parameters each layer spec builds on a rank of `tp` (a tied head counts in full, as
     DeepSpeed's "parameters" partition method counts it)."""
-    per_kind = {EMBEDDING: embedding_params(config, tp), BLOCK: block_params(config, tp),
-                FINAL_NORM: norm_params(config),
+    per_kind = {EMBEDDING: embedding_params(config, tp), FINAL_NORM: norm_params(config),
                 HEAD: config.padded_vocab_size // tp * config.hidden_size,
                 VALUE_HEAD: config.hidden_size}
-    return [per_kind[kind] for kind in layer_kinds(config)]
+    blocks = [block_params(config, tp, config.is_moe_layer(i)) for i in range(config.num_layers)]
+    kinds = layer_kinds(config)
+    return [per_kind[kinds[0]], *blocks, *[per_kind[kind] for kind in kinds[-2:]]]
 
 
 def stage_layers(config, pp: int, method: str = "type:transformer|mlp", tp: int = 1

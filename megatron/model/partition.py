@@ -26,6 +26,7 @@ _SPLITS = (
     (re.compile(r"^attention\.dense\.weight$"), 1),
     (re.compile(r"^mlp\.dense_h_to_4h\.(weight|bias)$"), 0),
     (re.compile(r"^mlp\.dense_4h_to_h\.weight$"), 1),
+    (re.compile(r"^mlp\.experts\.w_(in|out)$"), 0),  # whole experts per rank
     (re.compile(r"^word_embeddings\.weight$"), 0),
     (re.compile(r"^weight$"), 0),  # the untied LM head
 )

@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.mpu.groups import NO_TP, TensorParallel
-from megatron.mpu.products import linear
 from megatron.mpu.mappings import (copy_to_tensor_parallel, gather_from_sequence_parallel,
                                    reduce_from_tensor_parallel,
                                    reduce_scatter_to_sequence_parallel)
+from megatron.mpu.products import linear
 
 InitFn = Callable[[torch.Tensor, torch.Generator], None]
 

@@ -62,9 +62,6 @@ DEEPSPEED_PASSTHROUGH = frozenset({
 })
 
 NOT_YET_IMPLEMENTED: frozenset[str] = frozenset({
-    # MoE
-    "moe_num_experts", "moe_top_k", "moe_router_type", "moe_expert_interval", "moe_jitter_eps",
-    "moe_lbl_in_fp32",
     # model
     "expansion_factor", "use_qk_layernorm", "rpe_num_buckets",
     "rpe_max_distance", "opt_pos_emb_offset", "sparsity_config", "num_unique_layers",
@@ -170,12 +167,6 @@ NEOX_DEFAULTS: dict[str, Any] = {
     "mamba_use_bias_in_conv": True,
     "mamba_use_bias_in_linears": False,
     "min_scale": 1.0,
-    "moe_expert_interval": 1,
-    "moe_jitter_eps": None,
-    "moe_lbl_in_fp32": False,
-    "moe_num_experts": 1,
-    "moe_router_type": "sinkhorn",
-    "moe_top_k": 1,
     "mup_attn_temp": 1.0,
     "mup_embedding_mult": 1.0,
     "mup_init_scale": 1.0,

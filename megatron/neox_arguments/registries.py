@@ -101,6 +101,7 @@ REGISTRIES: dict[str, Registry] = {
         Registry("pack_impl", ("packed", "pack_until_overflow", "unpacked")),
         Registry("distributed_backend", ("auto", "nccl", "gloo")),
         Registry("cpu_matmul_precision", ("auto", "fp32", "native")),
+        Registry("moe_router_type", ("sinkhorn", "topk")),
         Registry("data_impl", ("mmap", "infer"), ("cached",)),
         Registry("data_fingerprint", ("sampled", "full")),
         Registry("precision", ("fp32", "fp16", "bf16", "bfloat16")),

@@ -16,6 +16,7 @@ from .errors import ConfigError
 from .registries import REGISTRIES, check_choice
 from .sections.deepspeed import BF16_KEYS, FP16_KEYS, GRAD_ACCUM_DTYPES, NEOX_FP16_EXTRA_KEYS
 from .sections.launcher import MPI_LAUNCHERS
+from .validate_moe import moe_rules
 from .validate_post_training import post_training_rules
 
 log = get_logger(__name__)
@@ -533,4 +534,5 @@ RULES: tuple[Callable[[Config, int | None], Iterator[str]], ...] = (
     _choices, _heads, _tensor_parallel_splits, _shape, _attention, _world, _global_num_gpus,
     _precision, _data_types, _optimizer, _intervals, _profiling, _checkpoint,
     _activation_checkpointing, _data, _launcher, _logging, _deepspeed_extra, post_training_rules,
+    moe_rules,
 )

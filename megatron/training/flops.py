@@ -8,24 +8,31 @@ from megatron.model.config import ModelConfig
 from megatron.model.param_count import count_parameters  # noqa: F401  (re-exported)
 
 
-def _matmul_params_per_layer(config: ModelConfig) -> int:
+def _matmul_params_per_layer(config: ModelConfig, layer_number: int) -> int:
+    """Weights a token multiplies in one layer: attention, and the MLP, or in an MoE layer the
+    router and moe_top_k experts (the active parameters)."""
     h, d = config.hidden_size, config.head_dim
     qkv = h * (config.num_attention_heads + 2 * config.num_kv_heads) * d
     dense = config.num_attention_heads * d * h
     up = config.intermediate_size * (2 if config.activation in GATED else 1)
-    return qkv + dense + h * up + config.intermediate_size * h
+    mlp = h * up + config.intermediate_size * h
+    if config.is_moe_layer(layer_number):
+        mlp = config.moe_num_experts * h + config.moe_top_k * mlp
+    return qkv + dense + mlp
 
 
 def flops_per_token(config: ModelConfig, seq_length: int | None = None) -> float:
     """Training FLOPs per token (forward + backward = 3x forward), counting matmuls only.
 
-    Forward: 2 FLOPs per weight of every linear layer and the LM head, plus attention's two
+    Forward: 2 FLOPs per weight of every linear layer a token passes through (in MoE layers
+    the router and its moe_top_k experts) and the LM head, plus attention's two
     [s x s] products, 2 * 2 * s * (heads * head_dim) per layer (full, not causal-halved, as in
     the usual MFU convention of PaLM and Megatron).
     """
     s = seq_length or config.seq_length
     attn_width = config.num_attention_heads * config.head_dim
-    forward = (2 * config.num_layers * _matmul_params_per_layer(config)
+    layers = sum(_matmul_params_per_layer(config, i) for i in range(config.num_layers))
+    forward = (2 * layers
                + 2 * config.padded_vocab_size * config.hidden_size
                + config.num_layers * 4 * s * attn_width)
     return 3.0 * forward

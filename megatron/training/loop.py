@@ -173,7 +173,8 @@ def _pretrain(args) -> RunState:
                  f"rank, tp={topology.tp} pp={topology.pp} dp={topology.dp}, from iteration "
                  f"{state.iteration} to {args.training.train_iters}")
     train_log = TrainLog(args, engine, tracker,
-                         flops_per_token(model_config, args.model.seq_length), state.iteration)
+                         flops_per_token(model_config, args.model.seq_length), state.iteration,
+                         model_config)
     profiler = StepProfiler.from_args(args, engine, state.iteration)
     tasks = None
     if args.eval.eval_tasks:

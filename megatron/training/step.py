@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
+from megatron.model.moe import aux_loss_scale
 from megatron.monitoring.logger import deepspeed_prints
 from megatron.monitoring.profiler import BACKWARD, FORWARD, GET_BATCH, OPTIMIZER_STEP
 
@@ -43,8 +44,24 @@ def eval_step(engine, micro_batches) -> float:
 
 def run_step(engine, micro_batches, train: bool) -> StepResult:
     """A training (`train`) or evaluation step: its loss and metrics."""
+    steps = engine.engine.gradient_accumulation_steps()
+    # MoE layers' auxiliary losses take the gradient scale the training loss gets
+    with aux_loss_scale(loss_gradient_scale(engine.engine) / steps):
+        return _run_step(engine, micro_batches, train, steps)
+
+
+def loss_gradient_scale(ds) -> float:
+    """The factor DeepSpeed (or `scale_loss_gradient`) multiplies the loss's gradient by before
+    dividing by the accumulation steps: the fp16 loss scale, else 1."""
+    config = getattr(ds.optimizer, "loss_scale_config", None)  # fp16/bf16 wrappers without ZeRO
+    if config is not None:
+        return float(config.cur_scale) if getattr(config, "use_grad_scaling", False) else 1.0
+    scaler = getattr(ds.optimizer, "loss_scaler", None)  # ZeRO's (1.0 unless fp16)
+    return float(scaler.cur_scale) if scaler is not None else 1.0
+
+
+def _run_step(engine, micro_batches, train: bool, steps: int) -> StepResult:
     ds, objective = engine.engine, engine.objective
-    steps = ds.gradient_accumulation_steps()
     if engine.is_pipeline:
         objective_loss = ds.module.loss_fn
         objective_loss.collected.clear()

@@ -12,6 +12,8 @@ add to it, as in GPT-NeoX:
   and `mfu`, that figure over the peak in percent;
 - `log_grad_norm`: `gradient_norms/<canonical name>` for every parameter, read at the last step
   of the interval (megatron/training/grad_norms.py).
+
+A model with MoE layers adds their router losses and expert loads (megatron/training/moe_log.py).
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ import time
 from megatron.monitoring.trackers import MetricsTracker
 from megatron.training.flops import mfu_percent, model_tflops_per_device
 from megatron.training.grad_norms import GradNormProbe
+from megatron.training.moe_log import MoEProbe
 
 
 class TrainLog:
     """Decides which iterations are logged and writes their record."""
 
     def __init__(self, args, engine, tracker: MetricsTracker, flops_per_token: float,
-                 start_iteration: int = 0):
+                 start_iteration: int = 0, model_config=None):
         self.tracker = tracker
         self._log_interval = args.logging.log_interval
         self._train_iters = args.training.train_iters
@@ -36,6 +39,9 @@ class TrainLog:
         self._peak = args.logging.peak_theoretical_tflops
         self._flops_per_token = flops_per_token
         self._probe = GradNormProbe(engine) if args.logging.log_grad_norm else None
+        self._moe = None
+        if model_config is not None and model_config.moe_num_experts > 1:
+            self._moe = MoEProbe(engine, model_config)
         self._start_iteration = start_iteration
         self._start_time = time.perf_counter()
         self.train_seconds = 0.0  # in the logged intervals: steps only, no eval or save
@@ -74,9 +80,11 @@ class TrainLog:
         metrics["memory_gib"] = memory_gib()
         objective = interval_means(engine.objective, step_metrics or [])
         metrics.update(objective)
+        moe_metrics, moe_text = self._moe.take() if self._moe is not None else ({}, "")
+        metrics.update(moe_metrics)
         loss_name = getattr(engine.objective, "loss_name", "lm_loss")
         line = (f" iteration {iteration:>6}/{self._train_iters} | {loss_name} {loss:.4f} | "
-                + console_metrics(engine.objective, objective)
+                + console_metrics(engine.objective, objective) + moe_text
                 + f"lr {lr:.3e} | "
                 + (f"grad_norm {grad_norm:.3f} | " if grad_norm is not None else "")
                 + f"{metrics['tokens_per_sec']:,.0f} tokens/s | {iter_time * 1e3:.1f} ms/iter")

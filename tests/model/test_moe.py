@@ -1,7 +1,8 @@
 """The dropless MoE layer: Mixtral's sparse block from transformers gives the same output with the
 same weights; no assignment is dropped however skewed the routing; GPT-NeoX's Sinkhorn router
 balances in training and takes the plain top-k at inference; the load-balancing loss equals
-transformers' Mixtral loss."""
+transformers' Mixtral loss; the auxiliary losses train the router as if added to the loss, at
+the loss's gradient scale; layers follow GPT-NeoX's moe_expert_interval rule."""
 
 from __future__ import annotations
 
@@ -9,16 +10,33 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from megatron.model.moe import DroplessMoE, Router, load_balancing_loss, router_z_loss, sinkhorn
+from megatron.model.config import ModelConfig
+from megatron.model.gpt import GPTModel
+from megatron.model.init import init_methods, layer_generator
+from megatron.model.moe import (MoE, Router, aux_loss_scale, load_balancing_loss, router_z_loss,
+                                sinkhorn)
 
 H, FFN, E = 32, 48, 4
+
+
+def config(**moe) -> ModelConfig:
+    values = dict(num_layers=2, hidden_size=H, num_attention_heads=4, num_kv_heads=4,
+                  intermediate_size=FFN, seq_length=12, max_position_embeddings=12,
+                  padded_vocab_size=64, moe_num_experts=E, moe_top_k=2)
+    return ModelConfig(**{**values, **moe})
+
+
+def moe_layer(**moe) -> MoE:
+    c = config(**moe)
+    init_fn, out_init_fn = init_methods(c)
+    return MoE(c, init_fn, out_init_fn, layer_generator(c.seed, 1))
 
 
 def tokens(b=2, s=12, seed=0):
     return torch.randn(b, s, H, generator=torch.Generator().manual_seed(seed))
 
 
-def naive(moe: DroplessMoE, x: torch.Tensor) -> torch.Tensor:
+def naive(moe: MoE, x: torch.Tensor) -> torch.Tensor:
     """Each token on its own: sum over its k experts of weight * expert(token)."""
     flat = x.reshape(-1, H)
     routing = moe.router(flat)
@@ -41,32 +59,36 @@ def test_equals_transformers_mixtral_sparse_block():
     with torch.no_grad():
         for p in block.parameters():
             p.copy_(0.2 * torch.randn(p.shape, generator=g))
-    moe = DroplessMoE(H, FFN, E, 2, "swiglu", router="topk", normalize=True).eval()
+    moe = moe_layer(activation="swiglu", moe_router_type="topk", moe_normalize_topk=True).eval()
     with torch.no_grad():
         moe.router.weight.copy_(block.gate.weight)
         gate, up = block.experts.gate_up_proj.chunk(2, dim=1)  # Mixtral: gate rows first
         moe.experts.w_in.copy_(torch.cat([up, gate], dim=1))  # ours: value rows, then gate
         moe.experts.w_out.copy_(block.experts.down_proj)
     x = tokens()
-    ours, stats = moe(x)
+    ours = moe(x)
     theirs = block(x.clone())
     assert torch.allclose(ours, theirs, atol=1e-6)
-    assert int(stats.load.sum()) == 2 * 24
-    ours.square().sum().backward()
+    moe.train()
+    moe(x).square().sum().backward()
+    assert int(moe.take_stats().load.sum()) == 2 * 24
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in moe.parameters())
 
 
 @pytest.mark.parametrize("router,k", [("topk", 1), ("topk", 2), ("sinkhorn", 2)])
 def test_nothing_is_dropped_even_when_every_token_picks_one_expert(router, k):
     torch.manual_seed(0)
-    moe = DroplessMoE(H, FFN, E, k, "gelu", router=router).eval()
+    moe = moe_layer(moe_top_k=k, moe_router_type=router).eval()
     with torch.no_grad():
         moe.router.weight.zero_()
         moe.router.weight[0] = 1.0  # with inputs of positive sum, expert 0 wins everywhere
     x = tokens().abs()
-    out, stats = moe(x)
-    assert int(stats.load[0]) == 24  # every token, no capacity
+    out = moe(x)
     assert torch.allclose(out, naive(moe, x), atol=1e-5)
+    moe.train()  # the topk router routes alike in training; the counts are kept then
+    if router == "topk":
+        moe(x)
+        assert int(moe.take_stats().load[0]) == 24  # every token, no capacity
 
 
 def test_sinkhorn_router_balances_in_training_and_takes_top_k_at_inference():
@@ -127,3 +149,72 @@ def test_bad_router_settings_are_named():
         Router(H, E, 5)
     with pytest.raises(ValueError, match="moe_router_type 'hash' is not known; valid: sinkhorn"):
         Router(H, E, 1, "hash")
+
+
+def _grads(model, loss) -> dict:
+    model.zero_grad()
+    loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("router", ["sinkhorn", "topk"])
+def test_auxiliary_losses_train_the_router_as_if_added_to_the_loss(router):
+    moe = moe_layer(moe_router_type=router, moe_aux_loss_coeff=0.1, moe_z_loss_coeff=0.01,
+                    moe_lbl_in_fp32=True)
+    x = tokens()
+    target = tokens(seed=1)
+    torch.manual_seed(0)
+    got = _grads(moe, F.mse_loss(moe(x), target))
+    # the same forward written out: the router's losses added to the loss by hand
+    torch.manual_seed(0)
+    plain = moe.coeffs
+    moe.coeffs = (0.0, 0.0)
+    routing = moe.router(x.reshape(-1, H))
+    aux = (0.1 * load_balancing_loss(routing.logits, routing.experts)
+           + 0.01 * router_z_loss(routing.logits))
+    want = _grads(moe, F.mse_loss(moe(x), target) + aux)
+    moe.coeffs = plain
+    assert got.keys() == want.keys() == {"router.weight", "experts.w_in", "experts.w_out"}
+    for name in got:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-7)
+    without = moe_layer(moe_router_type=router)
+    torch.manual_seed(0)
+    assert not torch.allclose(_grads(without, F.mse_loss(without(x), target))["router.weight"],
+                              got["router.weight"])
+    # a loss whose gradient is scaled (1 / accumulation steps, fp16 loss scale): aux too
+    torch.manual_seed(0)
+    with aux_loss_scale(0.25):
+        scaled = _grads(moe, 0.25 * F.mse_loss(moe(x), target))
+    for name in got:
+        torch.testing.assert_close(scaled[name], 0.25 * got[name], rtol=1e-5, atol=1e-8)
+
+
+def test_moe_layers_follow_gpt_neox_interval_and_count_their_parameters():
+    from megatron.model.param_count import count_parameters
+
+    c = config(num_layers=4, moe_expert_interval=2)
+    model = GPTModel(c)
+    kinds = [type(layer.mlp).__name__ for layer in model.layers[1:5]]
+    assert kinds == ["MoE", "MLP", "MoE", "MLP"]  # layers 0 and 2: i % interval == 0
+    assert sum(p.numel() for p in model.parameters()) == count_parameters(c)
+    dense = ModelConfig(**{**c.__dict__, "moe_num_experts": 1})
+    # two layers, each: a router, E - 1 more MLP matrices, and not the dense MLP's biases
+    assert count_parameters(c) - count_parameters(dense) == 2 * (
+        E * H + (E - 1) * 2 * H * FFN - (FFN + H))
+
+
+def test_stats_count_training_forwards_only_and_reset_when_read():
+    moe = moe_layer(moe_router_type="topk")
+    x = tokens()
+    with torch.no_grad():
+        moe.eval()(x)
+        assert moe.take_stats() is None
+        moe.train()
+        moe(x)
+        moe(x)
+    stats = moe.take_stats()
+    assert stats.forwards == 2 and int(stats.load.sum()) == 2 * 24 * 2
+    routing = moe.router(x.reshape(-1, H))
+    assert stats.balance_loss == pytest.approx(
+        load_balancing_loss(routing.logits, routing.experts).item(), rel=1e-6)
+    assert moe.take_stats() is None

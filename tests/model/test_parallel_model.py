@@ -21,6 +21,11 @@ VARIANTS = {
     "local_attention_rotary_quarter": dict(attention_types=("local", "global"),
                                            sliding_window_width=3, rotary_pct=0.25),
     "gptj_alibi": dict(gpt_j_residual=True, pos_emb="alibi"),
+    # experts split over the ranks, the router whole, its losses in the gradients
+    "moe_sinkhorn_swiglu": dict(activation="swiglu", moe_num_experts=4, moe_top_k=2,
+                                moe_aux_loss_coeff=0.1, moe_z_loss_coeff=0.01),
+    "moe_topk_interval2": dict(moe_num_experts=2, moe_top_k=1, moe_router_type="topk",
+                               moe_expert_interval=2, moe_aux_loss_coeff=0.1),
 }
 
 

@@ -93,10 +93,10 @@ def test_unknown_key_with_nothing_close():
 
 
 def test_not_yet_implemented_neox_key(write):
-    path = write("moe.yml", BASE_YML.replace("{\n", '{\n  "moe_num_experts": 8,\n'))
+    path = write("rpe.yml", BASE_YML.replace("{\n", '{\n  "rpe_max_distance": 64,\n'))
     with pytest.raises(ConfigError) as e:
         NeoXArgs.from_ymls([path])
-    assert "'moe_num_experts' is a GPT-NeoX option this project does not implement yet" in str(e.value)
+    assert "'rpe_max_distance' is a GPT-NeoX option this project does not implement yet" in str(e.value)
     assert path in str(e.value)
     with pytest.raises(ConfigError, match="inside deepspeed_extra_args"):
         NeoXArgs.from_dict({**BASE, "flops_profiler": {"enabled": True}})

@@ -32,7 +32,7 @@ def test_key_at_neox_default_is_accepted_and_changes_nothing(key, tiny, config_l
 
 
 @pytest.mark.parametrize("key, value, default", [
-    ("moe_num_experts", 8, "1"),
+    ("rpe_max_distance", 64, "128"),
     ("use_shared_fs", False, "true"),
     ("mup_width_scale", 4, "2"),
 ])
@@ -81,8 +81,20 @@ def test_defaults_compare_by_value(tiny):
 
 def test_recorded_defaults_match_neox():
     """A spot check of well-known GPT-NeoX defaults (neox_args.py)."""
-    expected = {"moe_num_experts": 1, "kl_impl": "mse", "kl_div_beta": 0.1, "moe_top_k": 1}
+    expected = {"rpe_max_distance": 128, "kl_impl": "mse", "kl_div_beta": 0.1,
+                "mup_width_scale": 2}
     assert {k: NEOX_DEFAULTS[k] for k in expected} == expected
+
+
+def test_moe_keys_are_fields_with_neox_defaults(tiny):
+    """GPT-NeoX's MoE keys (neox_args.py) with its defaults: no experts unless asked for;
+    the two loss coefficients are this project's, 0 as GPT-NeoX trains without them."""
+    m = tiny.model
+    assert (m.moe_num_experts, m.moe_expert_interval, m.moe_top_k, m.moe_router_type,
+            m.moe_jitter_eps, m.moe_lbl_in_fp32) == (1, 1, 1, "sinkhorn", None, False)
+    assert (m.moe_aux_loss_coeff, m.moe_z_loss_coeff, m.moe_normalize_topk) == (0.0, 0.0, False)
+    with pytest.raises(ConfigError, match="moe_router_type 'hash'"):
+        NeoXArgs.from_ymls([TINY], {"moe_num_experts": 4, "moe_router_type": "hash"})
 
 
 def test_post_training_keys_are_fields_with_neox_defaults(tiny):

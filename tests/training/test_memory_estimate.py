@@ -32,6 +32,7 @@ VARIANTS = {
                      "use_bias_in_attn_linear=false"],
     "scalenorm-sinusoidal": ["configs/tiny.yml", "norm=scalenorm", "pos_emb=sinusoidal",
                              "activation=geglu", "use_bias_in_mlp=false", "mlp_multiple_of=8"],
+    "moe": ["configs/tiny.yml", "configs/tiny_moe.yml"],  # experts in layers 0 and 2
 }
 
 

@@ -148,3 +148,42 @@ class ModelArgs:
         "rounds the result back (what a bf16 kernel computes, faster on CPUs without AMX), "
         "native uses torch's low-precision kernels, auto is fp32 unless the CPU has AMX.",
     )
+    moe_num_experts: int = option(
+        1,
+        "Experts in each mixture-of-experts layer; 1 (the default) means none: every layer "
+        "has a dense MLP.",
+    )
+    moe_expert_interval: int = option(
+        1,
+        "With moe_num_experts > 1, transformer layer i (counted from 0) is an MoE layer when "
+        "i % moe_expert_interval == 0, as in GPT-NeoX; the others keep a dense MLP.",
+    )
+    moe_top_k: int = option(1, "Experts each token is sent to in an MoE layer.")
+    moe_router_type: str = option(
+        "sinkhorn",
+        "MoE routing: sinkhorn (GPT-NeoX: Sinkhorn-balanced choice in training, top-k at "
+        "inference) or topk (top-k of the router's softmax, also in training).",
+    )
+    moe_normalize_topk: bool = option(
+        False,
+        "With moe_router_type topk and moe_top_k > 1, rescale each token's k expert weights "
+        "to sum to 1 (Mixtral); GPT-NeoX uses the softmax probabilities as they are.",
+    )
+    moe_jitter_eps: float | None = option(
+        None,
+        "Multiply the router's input by uniform noise in [1 - eps, 1 + eps] in training; "
+        "null: no jitter.",
+    )
+    moe_lbl_in_fp32: bool = option(
+        False, "Compute the MoE load-balancing loss in fp32 rather than in the model's dtype."
+    )
+    moe_aux_loss_coeff: float = option(
+        0.0,
+        "Weight of each MoE layer's load-balancing loss in the training loss (Switch "
+        "Transformer's, as Mixtral's router_aux_loss_coef); 0, as GPT-NeoX, logs it only.",
+    )
+    moe_z_loss_coeff: float = option(
+        0.0,
+        "Weight of each MoE layer's router z-loss (ST-MoE: mean squared logsumexp of the "
+        "router logits) in the training loss; 0 logs it only.",
+    )

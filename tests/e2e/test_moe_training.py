@@ -1,0 +1,111 @@
+"""Mixture-of-experts training through `deepy.py train.py configs/tiny.yml configs/tiny_moe.yml`
+(experts in layers 0 and 2, Sinkhorn routing, load-balancing and z losses in the loss): the
+tensor x pipeline 2 x 2 layout (experts split over tensor ranks, MoE layers on both stages) and
+a data-parallel layout without gradient accumulation train the same model as one process with
+it, under the dense runs' tolerance (tests/e2e/test_equivalence.py); the expert weights and
+their optimizer state reshard to one tensor rank; the log carries each layer's router losses
+and expert loads; a dense config cannot load the MoE checkpoint."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from megatron.checkpointing.weights import full_weights
+from tests.checkpointing.test_reshard import assert_same_state, full_state
+from tests.e2e.test_equivalence import STEPS, assert_trains_like, overrides
+from tests.runs import deepy, explain, read_metrics, tiny_overrides
+
+MOE = ("configs/tiny.yml", "configs/tiny_moe.yml")
+MOE_LAYERS = (0, 2)
+
+
+def launch(small_data, run_dir, *configs, **layout):
+    prefix, tok = small_data
+    return deepy("train.py", *configs,
+                 *tiny_overrides(prefix, tok, run_dir, **overrides(**layout)), timeout=600)
+
+
+def train(small_data, run_dir, **layout):
+    """(losses of every step, every metrics record, the final checkpoint directory)."""
+    proc = launch(small_data, run_dir, *MOE, **layout)
+    assert proc.returncode == 0, explain(proc)
+    records, _ = read_metrics(run_dir / "logs")
+    return [r["lm_loss"] for r in records], records, run_dir / "ckpt" / f"global_step{STEPS}"
+
+
+@pytest.fixture(scope="module")
+def single(small_data, tmp_path_factory):
+    """One process accumulating the step's two micro-batches."""
+    return train(small_data, tmp_path_factory.mktemp("moe-single"))
+
+
+@pytest.fixture(scope="module")
+def tp2_pp2(small_data, tmp_path_factory):
+    return train(small_data, tmp_path_factory.mktemp("moe-tp2pp2"), num_gpus=4,
+                 model_parallel_size=2, pipe_parallel_size=2)
+
+
+@pytest.mark.slow
+def test_tp2_pp2_trains_like_one_process(single, tp2_pp2):
+    losses, _, step_dir = single
+    got_losses, _, got_dir = tp2_pp2
+    weights = full_weights(got_dir)
+    assert any(".mlp.experts.w_in" in name for name in weights)
+    assert_trains_like(got_losses, weights, losses, full_weights(step_dir))
+
+
+@pytest.mark.slow
+def test_data_parallel_without_accumulation_trains_like_one_process(small_data, tmp_path,
+                                                                     single):
+    """Two replicas of one micro-batch each: the router losses' gradients are scaled as the
+    language-model loss's (here 1, in the single process 1/2 per micro-batch)."""
+    losses, _, step_dir = single
+    got_losses, _, got_dir = train(small_data, tmp_path, num_gpus=2)
+    assert_trains_like(got_losses, full_weights(got_dir), losses, full_weights(step_dir))
+
+
+def test_the_log_carries_each_moe_layers_losses_and_expert_loads(single):
+    _, records, _ = single
+    assert len(records) == STEPS
+    for record in records:
+        for layer in MOE_LAYERS:
+            loads = [record[f"moe/layer_{layer}/expert_{e}_load"] for e in range(4)]
+            assert math.isclose(sum(loads), 1.0, rel_tol=1e-5), loads
+            # Switch's balance loss is top_k (2) for even routing, at most experts * top_k
+            assert 1.5 < record[f"moe/layer_{layer}/balance_loss"] < 8.0
+            assert record[f"moe/layer_{layer}/z_loss"] > 0
+        assert 1.0 <= record["moe_max_load"] <= 4.0
+        assert record["moe_balance_loss"] == pytest.approx(
+            sum(record[f"moe/layer_{i}/balance_loss"] for i in MOE_LAYERS) / 2)
+        assert "moe/layer_1/balance_loss" not in record  # a dense layer
+
+
+@pytest.mark.slow
+def test_the_reshard_tool_moves_experts_and_their_optimizer_state_to_one_rank(
+        small_data, tmp_path, tp2_pp2):
+    *_, step_dir = tp2_pp2
+    prefix, tok = small_data
+    out = tmp_path / "tp1"
+    proc = deepy("tools/ckpts/reshard.py", *MOE,
+                 *tiny_overrides(prefix, tok, tmp_path, num_gpus=1, model_parallel_size=1,
+                                 pipe_parallel_size=0, train_iters=STEPS, load=step_dir.parent,
+                                 save=out))
+    assert proc.returncode == 0, explain(proc)
+    resharded = full_state(out)
+    assert resharded.weights["1.mlp.experts.w_in"].shape[0] == 4  # all four experts
+    assert_same_state(full_state(step_dir.parent), resharded)
+
+
+def test_a_dense_config_cannot_load_the_moe_checkpoint(small_data, tmp_path, single):
+    *_, step_dir = single
+    prefix, tok = small_data
+    proc = deepy("train.py", "configs/tiny.yml",
+                 *tiny_overrides(prefix, tok, tmp_path, load=step_dir.parent,
+                                 train_iters=STEPS + 2))
+    assert proc.returncode != 0
+    assert (f"checkpoint {step_dir} holds another model than this config (moe_num_experts: "
+            "checkpoint 4, this run 1; moe_expert_interval: checkpoint 2, this run 1)") \
+        in proc.stderr
+    assert "launching" not in proc.stderr + proc.stdout  # refused before any worker started
