@@ -78,9 +78,10 @@ def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: ModelCo
     return groups.reshape(-1, *rest)
 
 
-def _layer_to_hf(ours: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """One transformer layer: our tensors (by path inside the layer) -> HF's (by name inside
-    `model.layers.<i>.`)."""
+def attention_to_hf(ours: dict[str, torch.Tensor], config: ModelConfig
+                    ) -> dict[str, torch.Tensor]:
+    """A layer's norms and attention: our tensors (by path inside the layer) -> HF's (by name
+    inside `model.layers.<i>.`); the MLP apart."""
     get = ours.__getitem__
     out = {f"{n}.weight": get(f"{n}.weight") for n in _NORMS}
     kinds = ("weight", "bias") if config.use_bias_in_attn_linear else ("weight",)
@@ -89,6 +90,14 @@ def _layer_to_hf(ours: dict[str, torch.Tensor], config: ModelConfig) -> dict[str
         out.update({f"self_attn.q_proj.{kind}": q, f"self_attn.k_proj.{kind}": k,
                     f"self_attn.v_proj.{kind}": v,
                     f"self_attn.o_proj.{kind}": get(f"attention.dense.{kind}")})
+    return out
+
+
+def _layer_to_hf(ours: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """One transformer layer: our tensors (by path inside the layer) -> HF's (by name inside
+    `model.layers.<i>.`)."""
+    get = ours.__getitem__
+    out = attention_to_hf(ours, config)
     for kind in ("weight", "bias") if config.use_bias_in_mlp else ("weight",):
         value, gate = get(f"mlp.dense_h_to_4h.{kind}").chunk(2, dim=0)
         out.update({f"mlp.up_proj.{kind}": value, f"mlp.gate_proj.{kind}": gate,
@@ -96,9 +105,9 @@ def _layer_to_hf(ours: dict[str, torch.Tensor], config: ModelConfig) -> dict[str
     return out
 
 
-def hf_state_dict(canonical: dict[str, torch.Tensor], config: ModelConfig
-                  ) -> dict[str, torch.Tensor]:
-    """HF LlamaForCausalLM tensor names -> tensors."""
+def hf_state_dict(canonical: dict[str, torch.Tensor], config: ModelConfig,
+                  layer_to_hf=_layer_to_hf) -> dict[str, torch.Tensor]:
+    """HF LlamaForCausalLM tensor names -> tensors (each layer's by `layer_to_hf`)."""
     L = config.num_layers
     out = {"model.embed_tokens.weight": canonical["0.word_embeddings.weight"]}
     layers: dict[int, dict[str, torch.Tensor]] = {}
@@ -106,7 +115,7 @@ def hf_state_dict(canonical: dict[str, torch.Tensor], config: ModelConfig
         index, path = name.split(".", 1)
         layers.setdefault(int(index), {})[path] = tensor
     for i in range(L):
-        for name, tensor in _layer_to_hf(layers[i + 1], config).items():
+        for name, tensor in layer_to_hf(layers[i + 1], config).items():
             out[f"model.layers.{i}.{name}"] = tensor.contiguous()
     out["model.norm.weight"] = canonical[f"{L + 1}.norm.weight"]
     out["lm_head.weight"] = (out["model.embed_tokens.weight"] if config.tied_embeddings
@@ -128,18 +137,26 @@ def model_fields(hf_cfg) -> tuple[dict, list[str]]:
     return dict(num_kv_heads=hf_cfg.num_key_value_heads or heads, rotary_pct=1.0,
                 norm="rmsnorm", norm_epsilon=hf_cfg.rms_norm_eps,
                 activation=act or hf_cfg.hidden_act, use_bias_in_norms=False,
-                use_bias_in_attn_linear=bool(hf_cfg.attention_bias),
+                use_bias_in_attn_linear=bool(getattr(hf_cfg, "attention_bias", False)),
                 use_bias_in_mlp=bool(getattr(hf_cfg, "mlp_bias", False))), problems
 
 
-def _layer_from_hf(state: dict, prefix: str, config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Our tensors (paths inside a layer) from HF's under `prefix`; removed from `state`."""
+def attention_from_hf(state: dict, prefix: str, config: ModelConfig
+                      ) -> dict[str, torch.Tensor]:
+    """A layer's norms and attention (paths inside a layer) from HF's tensors under `prefix`;
+    removed from `state`."""
     out = {f"{n}.weight": take(state, f"{prefix}{n}.weight") for n in _NORMS}
     kinds = ("weight", "bias") if config.use_bias_in_attn_linear else ("weight",)
     for kind in kinds:
         q, k, v = (take(state, f"{prefix}self_attn.{p}_proj.{kind}") for p in "qkv")
         out[f"attention.query_key_value.{kind}"] = _fuse_qkv(q, k, v, config)
         out[f"attention.dense.{kind}"] = take(state, f"{prefix}self_attn.o_proj.{kind}")
+    return out
+
+
+def _layer_from_hf(state: dict, prefix: str, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our tensors (paths inside a layer) from HF's under `prefix`; removed from `state`."""
+    out = attention_from_hf(state, prefix, config)
     for kind in ("weight", "bias") if config.use_bias_in_mlp else ("weight",):
         up, gate = (take(state, f"{prefix}mlp.{p}_proj.{kind}") for p in ("up", "gate"))
         out[f"mlp.dense_h_to_4h.{kind}"] = torch.cat([up, gate], dim=0)
@@ -147,14 +164,14 @@ def _layer_from_hf(state: dict, prefix: str, config: ModelConfig) -> dict[str, t
     return out
 
 
-def canonical_from_hf(state: dict[str, torch.Tensor], config: ModelConfig
-                      ) -> dict[str, torch.Tensor]:
-    """Canonical weights from HF LlamaForCausalLM tensors; the tensors used are removed from
-    `state` (what is left over was not expected)."""
+def canonical_from_hf(state: dict[str, torch.Tensor], config: ModelConfig,
+                      layer_from_hf=_layer_from_hf) -> dict[str, torch.Tensor]:
+    """Canonical weights from HF LlamaForCausalLM tensors (each layer's by `layer_from_hf`);
+    the tensors used are removed from `state` (what is left over was not expected)."""
     L = config.num_layers
     out = {"0.word_embeddings.weight": take(state, "model.embed_tokens.weight")}
     for i in range(L):
-        layer = _layer_from_hf(state, f"model.layers.{i}.", config)
+        layer = layer_from_hf(state, f"model.layers.{i}.", config)
         out.update({f"{i + 1}.{path}": t for path, t in layer.items()})
         state.pop(f"model.layers.{i}.self_attn.rotary_emb.inv_freq", None)  # old .bin files
     out[f"{L + 1}.norm.weight"] = take(state, "model.norm.weight")

@@ -1,5 +1,5 @@
 """Our canonical weights + ModelConfig as a Hugging Face causal LM and back: the registry of the
-architectures HF can hold (GPTNeoX, Llama) and the dispatch between them.
+architectures HF can hold (GPTNeoX, Llama, Mixtral) and the dispatch between them.
 
     name = architecture_for(config)                      # "neox" or "llama" (ValueError: why not)
     model = to_hf_model(canonical, config)               # GPTNeoXForCausalLM / LlamaForCausalLM
@@ -7,7 +7,7 @@ architectures HF can hold (GPTNeoX, Llama) and the dispatch between them.
     canonical, config = canonical_from_hf(state_dict, hf_cfg)           # the inverse
     name, config = hf_model_config(hf_cfg)                              # config only
 
-One module per architecture (hf_neox.py, hf_llama.py) says what corresponds to what and lists
+One module per architecture (hf_neox.py, hf_llama.py, hf_mixtral.py) says what corresponds to what and lists
 what its HF class cannot express. HF's vocab_size is our padded vocabulary (the rows the model
 embeds), so the logits match column for column. Needs `transformers`
 (requirements/requirements-hf.txt).
@@ -23,12 +23,15 @@ import torch
 
 from megatron.model.config import ModelConfig
 
-ARCHITECTURES = {"neox": "megatron.model.hf_neox", "llama": "megatron.model.hf_llama"}
-HF_CLASSES = {"neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM"}
+ARCHITECTURES = {"neox": "megatron.model.hf_neox", "llama": "megatron.model.hf_llama",
+                 "mixtral": "megatron.model.hf_mixtral"}
+HF_CLASSES = {"neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
+              "mixtral": "MixtralForCausalLM"}
 # a reward model (ModelConfig.value_head): the same body with a one-label `score` head
 HF_REWARD_CLASSES = {"neox": "GPTNeoXForSequenceClassification",
-                     "llama": "LlamaForSequenceClassification"}
-_TITLES = {"neox": "GPTNeoX", "llama": "Llama"}
+                     "llama": "LlamaForSequenceClassification",
+                     "mixtral": "MixtralForSequenceClassification"}
+_TITLES = {"neox": "GPTNeoX", "llama": "Llama", "mixtral": "Mixtral"}
 
 
 def mapping_module(name: str):

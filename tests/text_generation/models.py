@@ -20,6 +20,13 @@ VARIANTS = {
                       use_bias_in_attn_linear=False, use_bias_in_mlp=False,
                       use_bias_in_norms=False),
     "alibi_tied": dict(pos_emb="alibi", tied_embeddings=True),
+    # Mixtral: llama_gqa with 4 experts in every layer, the normalised top 2 of each token
+    "mixtral": dict(norm="rmsnorm", activation="swiglu", num_kv_heads=2,
+                    use_bias_in_attn_linear=False, use_bias_in_mlp=False,
+                    use_bias_in_norms=False, moe_num_experts=4, moe_top_k=2,
+                    moe_router_type="topk", moe_normalize_topk=True),
+    # GPT-NeoX's MoE: Sinkhorn-trained, plain top-1 (sigmoid) at inference, every other layer
+    "neox_moe": dict(rotary_pct=0.25, moe_num_experts=4, moe_expert_interval=2),
 }
 
 

@@ -1,4 +1,4 @@
-"""Our model equals Hugging Face's GPTNeoX and Llama on the same weights: logits, and greedy
+"""Our model equals Hugging Face's GPTNeoX, Llama and Mixtral on the same weights: logits, and greedy
 generation with and without the KV cache, for single prompts and left-padded batches; the
 inverse mapping gives back the same tensors; what neither can hold is refused with the reasons."""
 
@@ -11,7 +11,7 @@ from megatron.text_generation.sampling import SamplingParams
 from tests.text_generation.models import small_model
 
 ATOL = 2e-5  # fp32; the two differ only in kernel choice and summation order
-HF_VARIANTS = ["neox", "pythia_parallel", "llama_gqa"]
+HF_VARIANTS = ["neox", "pythia_parallel", "llama_gqa", "mixtral"]
 LLAMA_EXTRAS = {"untied": {}, "tied": dict(tied_embeddings=True),
                 "geglu_biases": dict(activation="geglu", use_bias_in_attn_linear=True,
                                      use_bias_in_mlp=True)}

@@ -415,3 +415,66 @@ def test_tanh_gelu_maps_to_bias_gelu_fusion_both_ways(data, tmp_path, capsys):
         "gelu_pytorch_tanh"
     again, _ = hf_logits(tmp_path / "out", tokens)
     assert (again[..., :2048] - theirs).abs().max().item() < tol
+
+
+MIXTRAL_KEYS = ("moe_num_experts: 4\nmoe_top_k: 2\nmoe_router_type: topk\n"
+                "moe_normalize_topk: true\nmoe_aux_loss_coeff: 0.02\n")
+
+
+def hf_mixtral():
+    """An HF MixtralForCausalLM with configs/tiny_llama.yml's attention and 4 experts of its
+    MLP's width in every layer, 2 per token."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    return random_hf(MixtralForCausalLM(MixtralConfig(
+        vocab_size=2048, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=192, rms_norm_eps=1e-5,
+        max_position_embeddings=128, tie_word_embeddings=False, num_local_experts=4,
+        num_experts_per_tok=2, router_aux_loss_coef=0.02, rope_theta=10000.0)))
+
+
+def test_mixtral_imports_at_tp2_with_hf_logits_and_exports_back_bitwise(data, tmp_path):
+    hf = hf_mixtral()
+    hf.save_pretrained(tmp_path / "hf")
+    moe = tmp_path / "moe.yml"
+    moe.write_text(MIXTRAL_KEYS)
+    configs = ["configs/tiny_llama.yml", str(data[2]), str(moe)]
+    assert tool("convert_hf_to_neox").main([
+        "--hf_model", str(tmp_path / "hf"), "--config_file", *configs,
+        "--output_dir", str(tmp_path / "ckpt"), "--tp", "2"]) == 0
+    ck = read_checkpoint(str(tmp_path / "ckpt"), None)
+    assert ck.tensor_parallel == 2
+    config = model_config_from_args(ck.saved_args, ck.trained_vocab)
+    assert ck.canonical["1.mlp.experts.w_in"].shape == (4, 2 * 192, 128)  # merged from 2 ranks
+    tokens = batch(2048, seed=2)
+    with torch.inference_mode():
+        theirs = hf(tokens).logits
+    assert (our_logits(config, ck.canonical, tokens) - theirs).abs().max().item() < ATOL
+
+    out = tmp_path / "back"
+    assert tool("convert_neox_to_hf").main(["--input_dir", str(tmp_path / "ckpt"),
+                                            "--output_dir", str(out)]) == 0
+    again, model = hf_logits(out, tokens)
+    assert type(model).__name__ == "MixtralForCausalLM"
+    assert (model.config.num_local_experts, model.config.num_experts_per_tok,
+            model.config.router_aux_loss_coef) == (4, 2, 0.02)
+    assert torch.equal(again, theirs)
+    original = hf.state_dict()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, original[name]), name
+
+
+def test_an_moe_model_is_refused_by_the_dense_architectures(llama_tp2, data, tmp_path):
+    from megatron.model.hf_mapping import architecture_for
+
+    _, _, config = llama_tp2
+    sinkhorn = dataclasses.replace(config, moe_num_experts=4, moe_top_k=2)
+    with pytest.raises(ValueError) as e:
+        architecture_for(sinkhorn)
+    msg = str(e.value)
+    assert "GPTNeoX: " in msg and "moe_num_experts 4 (GPTNeoX has dense MLPs only)" in msg
+    assert "moe_num_experts 4 (Llama has dense MLPs only)" in msg
+    assert ("moe_router_type sinkhorn with moe_normalize_topk False (Mixtral routes to the "
+            "normalised top k: topk, true)") in msg
+    assert architecture_for(dataclasses.replace(sinkhorn, moe_router_type="topk",
+                                                moe_normalize_topk=True)) == "mixtral"
