@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# verbatim copies of GPT-NeoX's own config files (see the README there)
+NEOX_CONFIGS = ROOT / "tests" / "neox_arguments" / "data" / "gpt-neox"
 
 
 def free_port() -> int:

@@ -4,7 +4,8 @@ tensor x pipeline 2 x 2 layout (experts split over tensor ranks, MoE layers on b
 a data-parallel layout without gradient accumulation train the same model as one process with
 it, under the dense runs' tolerance (tests/e2e/test_equivalence.py); the expert weights and
 their optimizer state reshard to one tensor rank; the log carries each layer's router losses
-and expert loads; a dense config cannot load the MoE checkpoint."""
+and expert loads; a stopped run resumes bit for bit (router jitter and dropout drawing from the
+restored generators); a dense config cannot load the MoE checkpoint."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import math
 import pytest
 
 from megatron.checkpointing.weights import full_weights
+from tests.checkpointing.test_resume_e2e import (assert_stop_and_resume_exact,
+                                                 losses_by_iteration, run)
 from tests.checkpointing.test_reshard import assert_same_state, full_state
 from tests.e2e.test_equivalence import STEPS, assert_trains_like, overrides
 from tests.runs import deepy, explain, read_metrics, tiny_overrides
@@ -109,3 +112,37 @@ def test_a_dense_config_cannot_load_the_moe_checkpoint(small_data, tmp_path, sin
             "checkpoint 4, this run 1; moe_expert_interval: checkpoint 2, this run 1)") \
         in proc.stderr
     assert "launching" not in proc.stderr + proc.stdout  # refused before any worker started
+
+
+def test_stop_and_resume_is_bitwise_identical_with_router_jitter(small_data, tmp_path):
+    moe = dict(moe_num_experts=4, moe_top_k=2, moe_expert_interval=2, moe_jitter_eps=0.1,
+               moe_aux_loss_coeff=0.01, moe_z_loss_coeff=0.001)
+    reference = tmp_path / "uninterrupted"
+    proc = run(small_data, reference, **moe)
+    assert proc.returncode == 0, explain(proc)
+    assert_stop_and_resume_exact(small_data, tmp_path / "resumed",
+                                 (losses_by_iteration(reference), reference / "ckpt"), **moe)
+
+
+def test_gpt_neox_125m_dmoe_config_trains_in_a_shortened_run(small_data, tmp_path):
+    """GPT-NeoX's configs/125M-dmoe.yml as GPT-NeoX ships it (8 experts in every layer, top-1
+    Sinkhorn routing, bf16, ZeRO 1, activation checkpointing), on one CPU process with two of
+    its twelve layers, 128-token sequences and two steps; the full depth trains the same way,
+    in 18 GB of host memory."""
+    from tests.runs import NEOX_CONFIGS
+
+    prefix, tok = small_data
+    proc = deepy("train.py", str(NEOX_CONFIGS / "125M-dmoe.yml"), *tiny_overrides(
+        prefix, tok, tmp_path, hostfile="null", num_gpus=1, num_layers=2, seq_length=128,
+        train_micro_batch_size_per_gpu=2, train_batch_size=2, train_iters=2, lr_decay_iters=2,
+        split="900,50,50",
+        log_interval=1, eval_interval=2, eval_iters=1, checkpoint_factor=2,
+        tokenizer_type="HFTokenizer"), timeout=600)
+    assert proc.returncode == 0, explain(proc)
+    records, validation = read_metrics(tmp_path / "logs")
+    assert [r["iteration"] for r in records] == [1, 2] and validation
+    for record in records:
+        assert math.isfinite(record["lm_loss"])
+        shares = [record[f"moe/layer_1/expert_{e}_load"] for e in range(8)]
+        assert math.isclose(sum(shares), 1.0, rel_tol=1e-5)
+    assert (tmp_path / "ckpt" / "global_step2").is_dir()
