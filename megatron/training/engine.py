@@ -9,6 +9,7 @@ from megatron.checkpointing.run import RunDescription
 from megatron.model.config import ModelConfig
 from megatron.model.fusions import fusion_paths
 from megatron.model.gpt import GPTModel, build_pipeline_model
+from megatron.model.moe import describe as describe_moe
 from megatron.model.recompute import Recompute, configure_activation_checkpointing
 from megatron.monitoring.logger import deepspeed_prints, get_logger
 from megatron.mpu.deepspeed_adapter import DeepSpeedMPU
@@ -74,6 +75,7 @@ def check_precision_supported(precision: str) -> None:
 def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engine:
     """Build the model, a torch optimizer and the LR schedule, and hand them to DeepSpeed."""
     import deepspeed
+    import torch
     from deepspeed.accelerator import get_accelerator
 
     from megatron.neox_arguments import deepspeed_config
@@ -83,8 +85,13 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
     tp = groups.tensor_parallel(args.training.seed, args.parallelism.sequence_parallel)
     for line in fusion_paths(args.model):
         log.info("%s", line)
-    if args.derived.precision != "fp32" and get_accelerator().device_name() == "cpu":
+    device = get_accelerator().device_name()
+    if args.derived.precision != "fp32" and device == "cpu":
         log.info("%s", describe_products(model_config.cpu_matmul_precision))
+    if model_config.moe_num_experts > 1:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.derived.precision,
+                                                                    torch.float32)
+        log.info("%s", describe_moe(model_config, dtype, "cpu" if device == "cpu" else "cuda"))
     if args.parallelism.checkpoint_activations:
         configure_activation_checkpointing(args.parallelism, model_config.num_layers,
                                            DeepSpeedMPU(groups))

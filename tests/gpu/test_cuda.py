@@ -186,3 +186,27 @@ def test_two_steps_of_the_125m_config_through_deepy(small_data, tmp_path):
     assert [r["iteration"] for r in train] == [1, 2]
     assert all(math.isfinite(r["lm_loss"]) for r in train)
     assert (run / "ckpt" / "global_step2" / "manifest.json").is_file()
+
+
+def test_moe_experts_run_as_one_grouped_product_on_cuda_in_bf16():
+    """The bf16 grouped expert product (torch._grouped_mm) against the loop over experts in
+    fp32: output and gradients within bf16's rounding."""
+    from megatron.model.moe import grouped_gemm
+    from tests.model.test_moe import moe_layer
+
+    moe = moe_layer(activation="swiglu", moe_router_type="topk").cuda()
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(64, 32, generator=g).cuda()
+    counts = [20, 0, 30, 14]
+    grad = torch.randn(64, 32, generator=g).cuda()
+    weights = (moe.experts.w_in, moe.experts.w_out)
+    loop = torch.cat([moe.experts.activation(r @ moe.experts.w_in[e].t()) @
+                      moe.experts.w_out[e].t() for e, r in enumerate(rows.split(counts))])
+    want = torch.autograd.grad(loop, weights, grad)
+    moe.bfloat16()
+    assert grouped_gemm(rows.bfloat16(), 32, 48)
+    out = moe.experts(rows.bfloat16(), counts)
+    got = torch.autograd.grad(out, (moe.experts.w_in, moe.experts.w_out), grad.bfloat16())
+    torch.testing.assert_close(out.float(), loop, rtol=2e-2, atol=2e-2)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.float(), b, rtol=2e-2, atol=2e-2)

@@ -218,3 +218,26 @@ def test_stats_count_training_forwards_only_and_reset_when_read():
     assert stats.balance_loss == pytest.approx(
         load_balancing_loss(routing.logits, routing.experts).item(), rel=1e-6)
     assert moe.take_stats() is None
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+def test_grouped_product_equals_the_loop_over_experts_with_an_idle_expert(activation):
+    from megatron.model.moe import grouped_gemm
+
+    moe = moe_layer(activation=activation, moe_router_type="topk", intermediate_size=FFN)
+    x = tokens()
+    rows = torch.randn(30, H, generator=torch.Generator().manual_seed(7), requires_grad=True)
+    counts = [12, 0, 10, 8]  # expert 1 gets nothing: its weights' gradient is zero
+    assert grouped_gemm(rows, H, FFN)
+    grouped = moe.experts(rows, counts)
+    grad = torch.randn(grouped.shape, generator=torch.Generator().manual_seed(8))
+    got = torch.autograd.grad(grouped, (rows, moe.experts.w_in, moe.experts.w_out), grad)
+    loop = torch.cat([moe.experts.activation(F.linear(r, moe.experts.w_in[e])) @
+                      moe.experts.w_out[e].t() for e, r in enumerate(rows.split(counts))])
+    want = torch.autograd.grad(loop, (rows, moe.experts.w_in, moe.experts.w_out), grad)
+    torch.testing.assert_close(grouped, loop, rtol=1e-5, atol=1e-6)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    assert got[1][1].abs().sum() == 0
+    assert not grouped_gemm(rows.bfloat16(), H, FFN)  # bf16 on CPU: the loop, fp32 products
+    moe(x).sum().backward()  # an expanded gradient reaches the grouped product's backward
