@@ -152,7 +152,7 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         # x: [N, h], rows grouped by local expert, counts[e] rows for expert e -> [N, h]
-        if grouped_gemm(x, self.w_in.shape[1], self.w_in.shape[2]):
+        if grouped_gemm(x.device.type, x.dtype, *self.w_in.shape[1:], self.w_out.shape[2]):
             offsets = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
             up = _GroupedMM.apply(x, self.w_in.transpose(1, 2), offsets)  # [N, up]
             return _GroupedMM.apply(self.activation(up), self.w_out.transpose(1, 2), offsets)
@@ -167,26 +167,25 @@ def describe(config, dtype: torch.dtype, device_type: str) -> str:
     """The startup line of a model with MoE layers: where the experts are, how tokens are
     routed and how the experts' products run."""
     layers = [i for i in range(config.num_layers) if config.is_moe_layer(i)]
-    widths = (config.hidden_size, config.intermediate_size)
-    grouped = hasattr(torch, "_grouped_mm") and (
-        dtype == torch.float32 if device_type == "cpu"
-        else dtype == torch.bfloat16 and all(w % 8 == 0 for w in widths))
+    up = config.intermediate_size * (2 if config.activation in GATED else 1)
+    grouped = grouped_gemm(device_type, dtype, config.hidden_size, up, config.intermediate_size)
     return (f"moe: {config.moe_num_experts} experts in layers {', '.join(map(str, layers))}, "
             f"{config.moe_top_k} per token ({config.moe_router_type} router); the experts run "
             + ("as one grouped product per layer (torch._grouped_mm)" if grouped
                else "one after another"))
 
 
-def grouped_gemm(x: torch.Tensor, *widths: int) -> bool:
+def grouped_gemm(device_type: str, dtype: torch.dtype, *widths: int) -> bool:
     """Whether the experts run as one grouped matrix product (torch._grouped_mm) rather than a
     loop: fp32 CPU tensors, where it is about 1.8x the loop's speed (8 experts of a 125M model),
-    and bf16 CUDA tensors with 16-byte-aligned rows; bf16 on CPU keeps the loop, whose products
-    run in fp32 (megatron/mpu/products.py)."""
-    if not hasattr(torch, "_grouped_mm"):
+    and bf16 CUDA tensors; rows of every operand (`widths` elements) must be 16-byte aligned.
+    bf16 on CPU keeps the loop, whose products run in fp32 (megatron/mpu/products.py)."""
+    size = torch.empty(0, dtype=dtype).element_size()
+    if not hasattr(torch, "_grouped_mm") or any(w * size % 16 for w in widths):
         return False
-    if x.is_cuda:
-        return x.dtype == torch.bfloat16 and all(w % 8 == 0 for w in widths)
-    return x.device.type == "cpu" and x.dtype == torch.float32
+    if device_type == "cuda":
+        return dtype == torch.bfloat16
+    return device_type == "cpu" and dtype == torch.float32
 
 
 class _GroupedMM(torch.autograd.Function):

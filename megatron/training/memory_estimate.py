@@ -21,8 +21,13 @@ the data-parallel degree and b the bytes of the run's dtype (fp32 4, bf16/fp16 2
                      to GQA, any MLP width and gated activations):
                        4sbh (two norm inputs, attention and MLP inputs; /tp with sequence
                        parallelism) + sb(2*heads*d + 2*kv_heads*d)/tp (q, k, v, attention
-                       output) + sb(up + ffn [+ ffn gated])/tp (MLP), plus one byte per
-                       element of each dropout mask when dropout > 0. Attention scores
+                       output; in fp32 where bf16/fp16 products run as fp32 on a CPU,
+                       cpu_matmul_precision) + sb(up + ffn [+ ffn gated])/tp (MLP), plus one byte per
+                       element of each dropout mask when dropout > 0. An MoE layer keeps,
+                       for its k rows per token, the MLP's terms and the gathered input and
+                       expert output (2h) over tp, plus the router's logits and probabilities
+                       (2 * experts); the per-layer figure is the mean over dense and MoE
+                       layers. Attention scores
                        [b, heads/tp, s, s] are stored only when the math kernel runs: on CPU,
                        torch SDPA uses its fused kernel unless attention_dropout > 0 and then
                        materialises fp32 scores (softmax output, dropout output: 8 bytes + a
@@ -35,7 +40,8 @@ the data-parallel degree and b the bytes of the run's dtype (fp32 4, bf16/fp16 2
 - reference model    DPO / KTO, on the last stage: the whole model's weights on the tensor rank
                      in the dtype, and the fp32 logits of its forward pass.
 - logits and loss    on the last stage: s*b*V/tp logits in the dtype, kept for the backward,
-                     and their gradient in the dtype (2 * dtype bytes per logit); the blocked
+                     and their gradient in the dtype (2 * dtype bytes per logit; 4 more where
+                     the LM head's products run in fp32 on a CPU); the blocked
                      cross entropy (megatron/mpu/cross_entropy.py) works in fp32 on one block
                      of BLOCK_ELEMENTS logits at a time (two fp32 copies of a block).
 - framework          a stated constant per worker: FRAMEWORK_BYTES (torch, DeepSpeed and gloo
@@ -222,10 +228,18 @@ class Activations:
         layer, note = layer_activation_bytes(config, mb, s, tp, sp, e, device)
         per_rank = mb * s * (config.padded_vocab_size // tp)
         logits = per_rank * 2 * e + 2 * 4 * min(per_rank, BLOCK_ELEMENTS)
+        if cpu_fp32_products(config, e, device):  # the LM head's backward: fp32 logit grads
+            logits += per_rank * 4
         if getattr(config, "value_head", False):
             logits = mb * s * 12  # one fp32 value per position, its gradient and the loss's
         return cls(layer=layer, layer_input=mb * s * config.hidden_size * e // (tp if sp else 1),
                    logits=logits, checkpointed=args.parallelism.checkpoint_activations, note=note)
+
+
+def cpu_fp32_products(config, e: int, device: str) -> bool:
+    """Whether a run in `e`-byte elements multiplies them as fp32 on this CPU
+    (cpu_matmul_precision, megatron/mpu/products.py)."""
+    return device == "cpu" and e < 4 and config.fp32_products
 
 
 def layer_activation_bytes(config, mb: int, s: int, tp: int, sp: bool, e: int,
@@ -236,9 +250,16 @@ def layer_activation_bytes(config, mb: int, s: int, tp: int, sp: bool, e: int,
     heads, kv = config.num_attention_heads, config.num_kv_heads
     sb = s * mb
     shared = 4 * sb * h * e + (2 * sb * h if config.hidden_dropout > 0 else 0)
-    attn = sb * (2 * heads * d + 2 * kv * d) * e // tp
+    attn_e = 4 if cpu_fp32_products(config, e, device) else e  # fp32 q, k, v and output
+    attn = sb * (2 * heads * d + 2 * kv * d) * attn_e // tp
     gated = config.activation in GATED
-    mlp = sb * ((2 * f if gated else f) + f + (f if gated else 0)) * e // tp
+    per_row = (2 * f if gated else f) + f + (f if gated else 0)
+    mlp = sb * per_row * e // tp
+    moe_layers = sum(config.is_moe_layer(i) for i in range(config.num_layers))
+    if moe_layers:  # averaged over the layers: an MoE layer's MLP part instead of the MLP's
+        k, experts = config.moe_top_k, config.moe_num_experts
+        moe = sb * (k * (per_row + 2 * h) // tp + 2 * experts) * e
+        mlp = (mlp * (config.num_layers - moe_layers) + moe * moe_layers) // config.num_layers
     if device == "cpu" and config.attention_dropout > 0:
         scores = mb * (heads // tp) * s * s * 9
         note = "math attention (CPU with attention_dropout > 0): fp32 scores stored"

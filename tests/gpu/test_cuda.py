@@ -204,7 +204,7 @@ def test_moe_experts_run_as_one_grouped_product_on_cuda_in_bf16():
                       moe.experts.w_out[e].t() for e, r in enumerate(rows.split(counts))])
     want = torch.autograd.grad(loop, weights, grad)
     moe.bfloat16()
-    assert grouped_gemm(rows.bfloat16(), 32, 48)
+    assert grouped_gemm("cuda", torch.bfloat16, 32, 96, 48)
     out = moe.experts(rows.bfloat16(), counts)
     got = torch.autograd.grad(out, (moe.experts.w_in, moe.experts.w_out), grad.bfloat16())
     torch.testing.assert_close(out.float(), loop, rtol=2e-2, atol=2e-2)

@@ -228,7 +228,7 @@ def test_grouped_product_equals_the_loop_over_experts_with_an_idle_expert(activa
     x = tokens()
     rows = torch.randn(30, H, generator=torch.Generator().manual_seed(7), requires_grad=True)
     counts = [12, 0, 10, 8]  # expert 1 gets nothing: its weights' gradient is zero
-    assert grouped_gemm(rows, H, FFN)
+    assert grouped_gemm("cpu", torch.float32, H, FFN)
     grouped = moe.experts(rows, counts)
     grad = torch.randn(grouped.shape, generator=torch.Generator().manual_seed(8))
     got = torch.autograd.grad(grouped, (rows, moe.experts.w_in, moe.experts.w_out), grad)
@@ -239,5 +239,6 @@ def test_grouped_product_equals_the_loop_over_experts_with_an_idle_expert(activa
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
     assert got[1][1].abs().sum() == 0
-    assert not grouped_gemm(rows.bfloat16(), H, FFN)  # bf16 on CPU: the loop, fp32 products
+    assert not grouped_gemm("cpu", torch.bfloat16, H, FFN)  # the loop, with fp32 products
+    assert not grouped_gemm("cpu", torch.float32, 30, FFN)  # rows not 16-byte aligned
     moe(x).sum().backward()  # an expanded gradient reaches the grouped product's backward

@@ -296,7 +296,8 @@ def test_weights_only_checkpoint_reads_back_exactly_with_a_complete_manifest(lla
                             "world_size": None, "zero_stage": None, "precision": "fp32",
                             "num_layers": 4, "hidden_size": 128, "num_attention_heads": 4,
                             "num_kv_heads": 2, "intermediate_size": 192,
-                            "padded_vocab_size": 2048, "value_head": False}
+                            "padded_vocab_size": 2048, "moe_num_experts": 1,
+                            "moe_expert_interval": 1, "value_head": False}
     assert (manifest.iteration, manifest.client_state) == (5, {"iteration": 5})
     assert check_files(step_dir, manifest, hash_names=manifest.files) == []
     on_disk = {p.relative_to(step_dir).as_posix() for p in step_dir.rglob("*") if p.is_file()}
