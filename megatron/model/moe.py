@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -72,10 +73,10 @@ def sinkhorn(cost: torch.Tensor, tol: float = 1e-4, max_iter: int = 3) -> torch.
     return cols * cost * rows.unsqueeze(1)
 
 
-@dataclass(frozen=True)
-class Routing:
+class Routing(NamedTuple):
     """Where each token goes: `experts` [T, k] ids, `weights` [T, k] combination weights, and
-    the router `logits` [T, E] the auxiliary losses read."""
+    the router `logits` [T, E] the auxiliary losses read. A tuple, so that ZeRO 3's module hooks
+    see its tensors."""
 
     weights: torch.Tensor
     experts: torch.Tensor

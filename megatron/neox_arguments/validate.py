@@ -196,11 +196,12 @@ def _world(c: Config, world_size: int | None) -> Iterator[str]:
     stage = c["zero_optimization"].get("stage", 0)
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage <= 3:
         yield f"zero_optimization.stage({stage!r}) must be 0, 1, 2 or 3."
-    elif stage >= 2 and pp >= 2:
+    elif stage >= 2 and pp >= 1:
         yield (
             f"zero_optimization.stage({stage}) with pipe_parallel_size({pp}): DeepSpeed's "
-            "pipeline engine supports ZeRO stage 0 or 1 only; lower the stage or set "
-            "pipe_parallel_size to 0 or 1."
+            "pipeline engine (pipe_parallel_size 1 or more, one stage included) supports ZeRO "
+            "stage 0 or 1 only; lower the stage or set pipe_parallel_size to 0 (a plain module "
+            "without the pipeline engine)."
         )
     dp = d.data_parallel_size(world, tp, pp)
     problems = list(_batch_triple(c, dp))

@@ -60,12 +60,17 @@ def test_tp2_pp2_trains_like_one_process(single, tp2_pp2):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("zero", [0, 3])
 def test_data_parallel_without_accumulation_trains_like_one_process(small_data, tmp_path,
-                                                                     single):
+                                                                     single, zero):
     """Two replicas of one micro-batch each: the router losses' gradients are scaled as the
-    language-model loss's (here 1, in the single process 1/2 per micro-batch)."""
+    language-model loss's (here 1, in the single process 1/2 per micro-batch); with ZeRO 3
+    (a plain module: DeepSpeed's pipeline engine takes ZeRO 0 and 1 only) the experts' and
+    router's weights are partitioned and gathered by DeepSpeed's module hooks."""
     losses, _, step_dir = single
-    got_losses, _, got_dir = train(small_data, tmp_path, num_gpus=2)
+    layout = dict(num_gpus=2) if zero == 0 else dict(
+        num_gpus=2, pipe_parallel_size=0, zero_optimization=f"{{stage: {zero}}}")
+    got_losses, _, got_dir = train(small_data, tmp_path, **layout)
     assert_trains_like(got_losses, full_weights(got_dir), losses, full_weights(step_dir))
 
 

@@ -44,6 +44,9 @@ CASES = [
     ({"zero_optimization": {"stage": 4}}, None, "zero_optimization.stage(4) must be 0, 1, 2 or 3"),
     ({"zero_optimization": {"stage": 2}, "pipe_parallel_size": 2}, 2,
      "zero_optimization.stage(2) with pipe_parallel_size(2)"),
+    # one stage still runs DeepSpeed's pipeline engine, which asserts on ZeRO 2 and 3
+    ({"zero_optimization": {"stage": 3}, "pipe_parallel_size": 1}, None,
+     "zero_optimization.stage(3) with pipe_parallel_size(1): DeepSpeed's pipeline engine"),
     ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, None,
      "fp16.enabled and bf16.enabled are both true"),
     ({"precision": "fp32", "fp16": {"enabled": True}}, None,
@@ -199,7 +202,7 @@ def test_flash_is_accepted_when_flash_attn_is_importable(monkeypatch):
 def test_valid_neighbours_of_the_rules_pass():
     assert make(num_kv_heads=2, model_parallel_size=2, world_size=2).derived.num_kv_heads == 2
     assert make(zero_optimization={"stage": 1}, pipe_parallel_size=2, world_size=2).zero_stage == 1
-    assert make(zero_optimization={"stage": 3}, pipe_parallel_size=1).zero_stage == 3
+    assert make(zero_optimization={"stage": 3}, pipe_parallel_size=0).zero_stage == 3
     assert make(attention_config=[[["global", "local"], "all"]], sliding_window_width=8
                 ).derived.attention_types == ("global", "local")
     assert make(precision="bfloat16").derived.precision == "bf16"

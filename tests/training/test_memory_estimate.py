@@ -158,11 +158,12 @@ def test_deepy_refuses_the_6_7b_config_before_any_worker_starts(small_data, tmp_
 def test_tool_prints_every_term_for_another_layout():
     proc = subprocess.run(
         [sys.executable, "tools/memory_estimate.py", "configs/6-7B.yml", "--vocab-size", "50257",
-         "--device", "cpu", "num_gpus=8", "model_parallel_size=2", "zero_optimization={stage: 2}"],
+         "--device", "cpu", "num_gpus=8", "model_parallel_size=2", "pipe_parallel_size=0",
+         "zero_optimization={stage: 2}"],
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     out = proc.stdout
     assert "memory estimate for train.py, per worker, GiB = 2^30 bytes" in out, proc.stderr
-    assert "layout: tp=2 pp=1 dp=4 ZeRO 2 (world size 8), fp16, cpu" in out
+    assert "layout: tp=2 pp=0 dp=4 ZeRO 2 (world size 8), fp16, cpu" in out
     assert "parameters on this rank: 3,429,048,320 (padded vocabulary 50432)" in out
     for term in ("weights", "gradients", "fp32 master copy", "optimizer states", "activations",
                  "logits and loss", "framework", "total"):
