@@ -18,7 +18,8 @@ only as a fine-tune, and fp16 is asked for only where a local launch has CUDA
 
 For a run that loads a checkpoint:
 - the model shape the manifest records (layers, widths, heads, experts) is this config's
-  (checkpointing.model_shape.shape_mismatches, A23; the workers check it again);
+  (checkpointing.model_shape.shape_mismatches, A23; the workers check it again), for
+  generate.py and eval.py too;
 - the padded vocabulary: the checkpoint's own size must split over this run's
   model_parallel_size and hold the tokenizer's ids (checkpointing.model_shape.resumed_vocab;
   the workers build the model with that size);
@@ -54,6 +55,7 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
     if name in MEMORY_SCRIPTS:
         _check_memory(args, name, tokenizer, workers_here)
     if name not in LOADING_SCRIPTS:
+        _check_inference_shape(args)
         return
     from megatron.safety.lock import check_free
 
@@ -84,6 +86,17 @@ def _check_shape(args, saved: dict, step_dir: Path) -> None:
         raise ValueError(f"checkpoint {step_dir} holds another model than this config ("
                          + "; ".join(found) + "): load it with the model config it was trained "
                          "with")
+
+
+def _check_inference_shape(args) -> None:
+    """generate.py and eval.py: the checkpoint they would read holds this config's model shape
+    (the workers compare every architecture key again when they load it)."""
+    from megatron.checkpointing.locate import planned_manifest
+
+    ck = args.checkpoint
+    manifest = planned_manifest(Path(ck.load), ck.iteration) if ck.load else None
+    if manifest is not None:
+        _check_shape(args, manifest.run, Path(ck.load) / manifest.tag)
 
 
 def _tokenizer(args):

@@ -117,6 +117,13 @@ def test_a_dense_config_cannot_load_the_moe_checkpoint(small_data, tmp_path, sin
             "checkpoint 4, this run 1; moe_expert_interval: checkpoint 2, this run 1)") \
         in proc.stderr
     assert "launching" not in proc.stderr + proc.stdout  # refused before any worker started
+    proc = deepy("generate.py", "configs/tiny.yml", "configs/text_generation.yml",
+                 f"load={step_dir.parent}", f"vocab_file={tok}", "save=null",
+                 f"sample_output_file={tmp_path / 'samples.jsonl'}")
+    assert proc.returncode != 0
+    assert f"checkpoint {step_dir} holds another model than this config (moe_num_experts" \
+        in proc.stderr
+    assert "launching" not in proc.stderr + proc.stdout
 
 
 def test_stop_and_resume_is_bitwise_identical_with_router_jitter(small_data, tmp_path):
