@@ -15,7 +15,7 @@ from megatron.checkpointing.optimizer_layouts import full_shape
 from megatron.checkpointing.model_shape import shape_mismatches
 _NAMES = {"tp": "model_parallel_size (tp)", "pipe_parallel_size": "pipe_parallel_size",
           "dp": "data-parallel size", "zero_stage": "zero_optimization.stage",
-          "precision": "precision"}
+          "precision": "precision", "ep": "moe_expert_parallel_size"}
 
 
 def padded_vocab_size(module, tp: int) -> int | None:
@@ -35,7 +35,7 @@ def describe_run(engine) -> dict:
     `engine.run`, see run.py). Collective (vocab lookup)."""
     run, topo = engine.run, engine.topology
     return {"tp": topo.tp, "pp": topo.pp, "pipe_parallel_size": run.pipe_parallel_size,
-            "dp": topo.dp, "world_size": topo.world_size,
+            "dp": topo.dp, "world_size": topo.world_size, "ep": topo.ep,
             "zero_stage": run.zero_stage, "precision": run.precision,
             **run.shape, "padded_vocab_size": padded_vocab_size(engine.engine.module, topo.tp)}
 
@@ -51,8 +51,10 @@ def layout_changes(saved: dict, current: dict) -> list[str]:
     change DeepSpeed loads by itself, ZeRO 0 in fp32, is not one; nor is a setting the
     checkpoint does not record, as in one written from weights alone)."""
     out = []
-    for key in ("tp", "pipe_parallel_size", "zero_stage", "precision", "dp"):
+    for key in ("tp", "pipe_parallel_size", "zero_stage", "precision", "dp", "ep"):
         a, b = saved.get(key), current.get(key)
+        if key == "ep" and a is None and b is not None:
+            a = 1  # written before expert parallelism existed
         if a is None or a == b or (key == "dp" and dp_change_supported(saved, current)):
             continue
         out.append(f"{_NAMES[key]}: checkpoint {a}, this run {b}")

@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from megatron.checkpointing import collectives, optimizer_layouts
+from megatron.checkpointing import collectives, expert_files, optimizer_layouts
 from megatron.checkpointing.durable import FileRecord, load_torch, write_torch
 from megatron.checkpointing.errors import CheckpointError
 from megatron.checkpointing.layout import read_latest
@@ -147,8 +147,10 @@ def save_engine_state(engine, root: Path, staging: str, client_state: dict, save
     ours = install(ds)
     ours.begin(root / staging, before_write)
     try:
-        with _optimizer_hidden(ds, hide=not save_optimizer):
+        with _optimizer_hidden(ds, hide=not save_optimizer), expert_files.checkpoint_view(engine):
             ds.save_checkpoint(str(root), tag=staging, client_state=client_state, save_latest=False)
+        if save_optimizer:
+            expert_files.save_extra_optimizer_state(engine, root / staging)
     except Exception as err:  # noqa: BLE001 - reported to every rank, then raised there
         if lost_peer(err):  # another rank died: gloo's traceback adds nothing to that
             log.error("DeepSpeed's save failed on this rank: %s", describe_error(err))

@@ -106,9 +106,13 @@ def _load(engine, ck, root: Path, tag: str, manifest: Manifest, changes: list[st
             else "written from weights alone")
         log.warning("checkpoint %s: no optimizer state is loaded (%s): the optimizer starts "
                     "fresh, its moments restart", root / tag, why)
-    if changes or not manifest.contents.get("engine", True):
+    expert_parallel = max(int(manifest.run.get("ep") or 1), engine.topology.ep) > 1
+    if changes or expert_parallel or not manifest.contents.get("engine", True):
+        # (expert parallelism, even at the same layout: checkpointing/expert_files.py)
         _load_resharded(engine, ck, root / tag, manifest, changes,
                         load_optimizer=has_optimizer and not keep_fresh)
+        if not (changes or ck.finetune or ck.no_load_rng):
+            _restore_rng(engine, root / tag, manifest)
     else:
         engine_state.load_engine_state(engine, root, tag, module_only=bool(ck.finetune),
                                        load_optimizer=has_optimizer and not keep_fresh,
@@ -138,6 +142,9 @@ def _load_resharded(engine, ck, directory: Path, manifest: Manifest, changes: li
                              load_optimizer=load_optimizer,
                              load_lr_schedule=not (ck.finetune or ck.no_load_optim),
                              load_counters=not ck.finetune)
+    if not changes and manifest.contents.get("engine", True):
+        log.info("loaded %s through its layout-free state (expert parallelism)", directory)
+        return
     _loud(f"resharded {directory} into this run's layout ("
           + ("; ".join(changes) or "written without a training engine")
           + "): " + ("weights, optimizer state" if full.has_optimizer and load_optimizer

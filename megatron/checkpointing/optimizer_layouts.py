@@ -209,7 +209,7 @@ class TorchLayout(Layout):
         return [g["params"] for g in optimizer.param_groups]
 
     def read(self, step_dir, index, indexes, keys, found):
-        saved = load_torch(step_dir / index["model_file"])["optimizer"]
+        saved = load_torch(step_dir / _state_file(index))["optimizer"]
         for group, saved_group in zip(index["groups"], saved["param_groups"]):
             for (name, _), idx in zip(group, saved_group["params"]):
                 values = saved["state"].get(idx, {})
@@ -239,7 +239,7 @@ class MasterCopyLayout(Layout):
         return _internal(optimizer, "fp16_groups")
 
     def read(self, step_dir, index, indexes, keys, found):
-        saved = load_torch(step_dir / index["model_file"])["optimizer"]
+        saved = load_torch(step_dir / _state_file(index))["optimizer"]
         inner = saved["optimizer_state_dict"]
         for g, (group, saved_group) in enumerate(zip(index["groups"], inner["param_groups"])):
             for j, ((name, shape), idx) in enumerate(zip(group, saved_group["params"])):
@@ -275,8 +275,12 @@ class FlatLayout(Layout):
         return getattr(optimizer, "round_robin_bit16_groups", None) or optimizer.bit16_groups
 
     def read(self, step_dir, index, indexes, keys, found):
-        parts = _partition_files(step_dir, index, indexes)
+        expert_groups = set(index.get("expert_groups", ()))
+        files: dict = {}  # each file read once
         for g, group in enumerate(index["groups"]):
+            if index["data"] > 0 and g not in expert_groups:
+                continue  # (expert rank q > 0: only its experts are read from it)
+            parts = _partition_files(step_dir, index, indexes, files, g in expert_groups)
             master = [p["single_partition_of_fp32_groups"][g] for p in parts]
             states = [_group_state(p["base_optimizer_state"], g) for p in parts]
             per_rank = _per_rank_state(step_dir, index, g, master, states, keys, found)
@@ -436,12 +440,27 @@ def _note_step(found: dict, values: dict) -> None:
         found["step"] = torch.as_tensor(values["step"], dtype=torch.float32).detach().clone()
 
 
-def _partition_files(step_dir: Path, index: dict, indexes: list[dict]) -> list[dict]:
-    """The optimizer files of every data-parallel rank of this (pipeline, tensor) position."""
+def _state_file(index: dict) -> str:
+    """Where a torch or master-copy optimizer's state is: the model file, or under expert
+    parallelism the rank's own file (expert_files.py)."""
+    return index.get("optimizer_file") or index["model_file"]
+
+
+def _partition_files(step_dir: Path, index: dict, indexes: list[dict], files: dict | None = None,
+                     experts: bool = False) -> list[dict]:
+    """The optimizer files of every data-parallel rank of this (pipeline, tensor) position;
+    with `experts` (an expert group under expert parallelism), of those holding index's
+    experts. `files`: those already read, by path (filled in)."""
+    files = {} if files is None else files
     position = (index["pipe"], index["model"])
-    same = sorted((i for i in indexes if (i["pipe"], i["model"]) == position),
+    same = sorted((i for i in indexes if (i["pipe"], i["model"]) == position
+                   and (not experts or i.get("expert", 0) == index.get("expert", 0))),
                   key=lambda i: i["data"])
-    return [load_torch(step_dir / i["optimizer_file"])["optimizer_state_dict"] for i in same]
+    for i in same:
+        path = step_dir / i["optimizer_file"]
+        if path not in files:
+            files[path] = load_torch(path)["optimizer_state_dict"]
+    return [files[step_dir / i["optimizer_file"]] for i in same]
 
 
 def _per_rank_state(step_dir, index, g, master, states, keys, found) -> dict[str, list]:

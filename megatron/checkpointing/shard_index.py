@@ -19,6 +19,11 @@ shard) shapes of the parameters in the order the optimizer holds them:
   one padded) and lays rank d's parts of a (sub)group's parameters end to end in its file.
   Shapes are the full (tensor-parallel shard) shapes, not the partitions.
 Indexes written before "state_keys" existed are Adam's (`ADAM_STATE`).
+
+With expert parallelism (expert_files.py) an index also holds "ep", its "expert" rank and
+"expert_groups" (the optimizer groups holding expert weights, partitioned over the ranks of
+the same expert rank only); where the optimizer state lives in the model file, the expert
+ranks q > 0 name their own copy in "optimizer_file".
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from megatron.checkpointing import optimizer_layouts
+from megatron.checkpointing import expert_files, optimizer_layouts
 from megatron.checkpointing.durable import FileRecord, write_bytes
 from megatron.model.partition import canonical_param_name
 
@@ -54,14 +59,23 @@ def describe(engine, root: Path, tag: str, save_optimizer: bool) -> dict:
     coords = engine.topology.coords(rank)
     layout = optimizer_layouts.detect(ds.optimizer if save_optimizer else None)
     names = {id(p): canonical_param_name(n) for n, p in ds.module.named_parameters()}
-    return {"format": INDEX_FORMAT, "rank": rank, "pipe": coords.pipe, "data": coords.data,
-            "model": coords.model, "tp": engine.topology.tp, "optimizer": layout.name,
-            "state_keys": list(engine.run.optimizer_state),
-            "model_file": optimizer_layouts.model_file_name(ds, root, tag),
-            "optimizer_file": (optimizer_layouts.optimizer_file_name(ds, root, tag)
-                               if layout.name in ("flat", "zero3") else None),
-            "groups": [[[names[id(p)], list(optimizer_layouts.full_shape(p))] for p in g]
-                       for g in layout.groups(ds.optimizer)]}
+    groups = layout.groups(ds.optimizer)
+    index = {"format": INDEX_FORMAT, "rank": rank, "pipe": coords.pipe, "data": coords.data,
+             "model": coords.model, "tp": engine.topology.tp, "optimizer": layout.name,
+             "state_keys": list(engine.run.optimizer_state),
+             "model_file": optimizer_layouts.model_file_name(ds, root, tag),
+             "optimizer_file": (optimizer_layouts.optimizer_file_name(ds, root, tag)
+                                if layout.name in ("flat", "zero3") else None),
+             "groups": [[[names[id(p)], list(optimizer_layouts.full_shape(p))] for p in g]
+                        for g in groups]}
+    if engine.topology.ep > 1:  # expert parallelism (expert_files.py)
+        index.update(ep=engine.topology.ep, expert=coords.expert,
+                     expert_groups=[g for g, params in enumerate(groups)
+                                    if params and getattr(params[0], "expert_parallel", False)])
+        extra = expert_files.extra_optimizer_file(engine) if save_optimizer else None
+        if extra is not None:
+            index["optimizer_file"] = extra
+    return index
 
 
 def save(checkpoint_dir: Path, index: dict) -> FileRecord:

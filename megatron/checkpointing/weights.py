@@ -17,7 +17,7 @@ import torch
 
 from megatron.checkpointing import neox_format, optimizer_layouts, shard_index
 from megatron.checkpointing.manifest import Manifest, read_manifest
-from megatron.model.partition import Sharding, canonical_from_module
+from megatron.model.partition import Sharding, canonical_from_module, is_expert_weight
 
 
 def saved_sharding(manifest: Manifest) -> Sharding:
@@ -79,17 +79,24 @@ def optimizer_tensors(step_dir: Path, indexes: list[dict], tp: int, sharding: Sh
     the step count goes into `found["step"]`. `keys`: the state tensors to read (default: what
     the index declares)."""
     keys = shard_index.state_keys(indexes[0]) if keys is None else keys
+    ep = int(indexes[0].get("ep", 1))  # expert parallelism: data ranks 0 .. ep-1 hold the experts
     shards: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
-    for index in (i for i in indexes if i["data"] == 0):
+    for index in (i for i in indexes if i["data"] < ep):
         held = {name for group in index["groups"] for name, _ in group}
         if wanted is not None and not held & wanted:
             continue  # another pipeline stage's files
         layout = optimizer_layouts.by_name(index["optimizer"])
         for name, values in layout.read(step_dir, index, indexes, keys, found):
-            if wanted is None or name in wanted:
-                shards.setdefault(name, {}).setdefault(index["model"], values)
+            if wanted is not None and name not in wanted:
+                continue
+            if not is_expert_weight(name):
+                if index["data"] == 0:
+                    shards.setdefault(name, {}).setdefault(index["model"], values)
+                continue
+            # tensor rank t, expert rank q hold block t * ep + q of the experts (model/moe.py)
+            shards.setdefault(name, {}).setdefault(index["model"] * ep + index["data"], values)
     for name, per_rank in shards.items():
-        yield name, _merge(name, [per_rank[r] for r in range(tp)], sharding)
+        yield name, _merge(name, [per_rank[r] for r in sorted(per_rank)], sharding)
 
 
 def _merge(name: str, per_rank: list[dict[str, torch.Tensor]], sharding: Sharding

@@ -25,6 +25,13 @@ over the group, as a row-parallel linear's are. The experts' input and the combi
 pass through `copy_to_tensor_parallel`, whose backward sums the partial gradients, so the
 router and everything before the layer receive the full gradient on every rank.
 
+Expert parallelism (moe_expert_parallel_size ep): a tensor rank's E / tp experts are split
+further over ep data-parallel ranks, which route their own tokens and exchange the assignments
+by all-to-all (moe_dispatch.py): each runs its E / (tp ep) experts on the tokens of all ep
+ranks and sends the outputs back. The router is replicated like any weight; the experts'
+gradients are averaged over the ranks holding the same experts
+(megatron/training/expert_parallel.py).
+
 Auxiliary losses: the Switch Transformer load-balancing loss, E * sum_e (fraction of
 assignments to e) * (mean router probability of e), as Hugging Face's Mixtral computes it; and
 the ST-MoE router z-loss, mean(logsumexp(logits)^2). GPT-NeoX trains on neither; here
@@ -47,8 +54,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.activations import GATED, get_activation
+from megatron.model.moe_dispatch import exchange_and_compute
 from megatron.mpu.groups import NO_TP, TensorParallel
-from megatron.mpu.layers import shard
 from megatron.mpu.mappings import copy_to_tensor_parallel, reduce_from_tensor_parallel
 from megatron.mpu.products import linear
 
@@ -126,30 +133,35 @@ class Router(nn.Module):
 
 
 class Experts(nn.Module):
-    """This tensor rank's experts, numbers `first` .. `first + count - 1` of `num_experts`:
-    MLPs h -> f -> h without biases. The full [E, ...] weights are drawn from `gen` and split
-    along the expert dimension, so a seed gives the same experts at any tensor-parallel size."""
+    """This rank's experts, numbers `first` .. `first + count - 1` of `num_experts`: MLPs
+    h -> f -> h without biases. The full [E, ...] weights are drawn from `gen` and split along
+    the expert dimension, over the tensor ranks and then over the expert-parallel ranks
+    (`expert_block`), so a seed gives the same experts at any layout."""
 
     def __init__(self, hidden: int, ffn: int, num_experts: int, activation: str, init_fn,
                  out_init_fn, gen: torch.Generator, tp: TensorParallel = NO_TP,
                  fp32_products: bool = False):
         super().__init__()
         self.fp32_products = fp32_products  # bf16/fp16 CPU products in fp32 (mpu/products.py)
-        if num_experts % tp.size:
+        if num_experts % (tp.size * tp.ep.size):
             raise ValueError(f"moe_num_experts({num_experts}) is not divisible by "
-                             f"model_parallel_size({tp.size})")
+                             f"model_parallel_size({tp.size}) * "
+                             f"moe_expert_parallel_size({tp.ep.size})")
         up = 2 * ffn if activation in GATED else ffn
         self.activation = get_activation(activation)
-        self.count = num_experts // tp.size
-        self.first = tp.rank * self.count
+        self.count = num_experts // (tp.size * tp.ep.size)
+        self.first = expert_block(tp) * self.count
         # initialised as GPT-NeoX's grouped 2-D weights [E * rows, cols]
         w_in, w_out = torch.empty(num_experts * up, hidden), torch.empty(num_experts * hidden, ffn)
         init_fn(w_in, gen)
         out_init_fn(w_out, gen)
-        self.w_in = nn.Parameter(shard(w_in.view(num_experts, up, hidden), 0, tp))
-        self.w_out = nn.Parameter(shard(w_out.view(num_experts, hidden, ffn), 0, tp))
+        self.w_in = nn.Parameter(local_experts(w_in.view(num_experts, up, hidden), tp))
+        self.w_out = nn.Parameter(local_experts(w_out.view(num_experts, hidden, ffn), tp))
         if tp.enabled:
             self.w_in.tensor_model_parallel = self.w_out.tensor_model_parallel = True
+        if tp.ep.enabled:
+            for p in (self.w_in, self.w_out):
+                p.expert_parallel = True  # differs over the expert-parallel group
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         # x: [N, h], rows grouped by local expert, counts[e] rows for expert e -> [N, h]
@@ -162,6 +174,19 @@ class Experts(nn.Module):
             up = self.activation(linear(rows, self.w_in[e], fp32=self.fp32_products))
             outputs.append(linear(up, self.w_out[e], fp32=self.fp32_products))
         return torch.cat(outputs)
+
+
+def expert_block(tp: TensorParallel) -> int:
+    """Which of the tp * ep equal blocks of experts this rank holds: tensor rank t, expert rank
+    q hold block t * ep + q, so the ep ranks of tensor rank t together hold what tensor rank t
+    holds without expert parallelism (a checkpoint's tensor shards do not depend on ep)."""
+    return tp.rank * tp.ep.size + tp.ep.rank
+
+
+def local_experts(full: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    """This rank's block of a full [E, ...] expert tensor."""
+    count = full.shape[0] // (tp.size * tp.ep.size)
+    return full.narrow(0, expert_block(tp) * count, count).clone()
 
 
 def describe(config, dtype: torch.dtype, device_type: str) -> str:
@@ -283,20 +308,27 @@ class MoE(nn.Module):
         expert_of = routing.experts.reshape(-1)  # [T k]
         order = torch.argsort(expert_of, stable=True)  # assignments grouped by expert
         load = torch.bincount(expert_of, minlength=self.num_experts)  # [E]
-        first, count = self.experts.first, self.experts.count
+        # the experts of this tensor rank (with expert parallelism, those of all its peers in
+        # the expert-parallel group, which hold them block by block in that order)
+        count = self.num_experts // self.tp.size
+        first = self.tp.rank * count
         ends = torch.cumsum(load, 0).tolist()
         begin, end = (ends[first - 1] if first else 0), ends[first + count - 1]
-        mine = order[begin:end]  # this rank's experts' assignments
+        mine = order[begin:end]  # their assignments, grouped by expert
         token_of = mine // k
         inputs = copy_to_tensor_parallel(flat, self.tp)  # backward: sum the partial grads
         weights = copy_to_tensor_parallel(routing.weights, self.tp)
-        out = self.experts(inputs[token_of], load[first:first + count].tolist())  # [n, h]
+        counts = load[first:first + count].tolist()
+        if self.tp.ep.enabled:  # to the experts' ranks and back (moe_dispatch.py)
+            out = exchange_and_compute(inputs[token_of], counts, self.experts, self.tp.ep.group)
+        else:
+            out = self.experts(inputs[token_of], counts)  # [n, h]
         out = out * weights.reshape(-1)[mine].unsqueeze(-1).to(out.dtype)
         combined = torch.zeros_like(flat).index_add_(0, token_of, out.to(flat.dtype))
         combined = reduce_from_tensor_parallel(combined, self.tp)
-        balance = load_balancing_loss(routing.logits, routing.experts, self.lbl_fp32)
-        z = router_z_loss(routing.logits)
-        if self.training:
+        if self.training:  # the router losses: for the loss and the log, not at inference
+            balance = load_balancing_loss(routing.logits, routing.experts, self.lbl_fp32)
+            z = router_z_loss(routing.logits)
             self._record(load, balance, z)
             aux = self.coeffs[0] * balance + self.coeffs[1] * z
             if torch.is_grad_enabled() and any(self.coeffs):

@@ -6,13 +6,12 @@ e // (E / ep). A rank's assignments, sorted by expert, go to their experts' rank
 all-to-all (the per-expert counts first, in a small all-to-all of their own). The receiver holds
 them source by source; it regroups them expert by expert, runs its E / ep experts, restores the
 source-by-source order and sends the outputs back with the inverse all-to-all, so each rank gets
-its assignments' outputs in the order it sent them. torch.distributed.nn's all_to_all_single
-carries gradients back the same way: an expert's weights collect the gradient of every rank's
-tokens routed to it, and each rank's inputs the gradient of their own outputs.
+its assignments' outputs in the order it sent them. torch's differentiable all_to_all_single
+(functional collectives) carries gradients back the same way: an expert's weights collect the
+gradient of every rank's tokens routed to it, and each rank's inputs the gradient of their own
+outputs.
 
-Building block of expert parallelism over data-parallel ranks; not yet used by the model (the
-gradient reduction of expert weights over their data-parallel replicas, the gradient norm and
-checkpoints per expert rank come with it).
+Used by the MoE layer (moe.py) when moe_expert_parallel_size > 1.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
-from torch.distributed.nn.functional import all_to_all_single
+from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 ExpertsFn = Callable[[torch.Tensor, list[int]], torch.Tensor]
 
@@ -44,6 +43,7 @@ def exchange_and_compute(rows: torch.Tensor, counts: list[int], experts: Experts
     """rows [N, h]: this rank's assignments sorted by expert, counts[e] of them for each of the
     E experts of the group. `experts(x, local_counts)` runs this rank's E / ep experts on rows
     grouped by local expert. Returns the outputs [N, h] in `rows`' order."""
+    group = dist.group.WORLD if group is None else group
     ep = dist.get_world_size(group=group)
     if len(counts) % ep:
         raise ValueError(f"{len(counts)} experts do not split over {ep} expert-parallel ranks")
@@ -51,11 +51,9 @@ def exchange_and_compute(rows: torch.Tensor, counts: list[int], experts: Experts
     received = torch.empty_like(per_rank)  # [source rank, local expert]
     dist.all_to_all_single(received, per_rank, group=group)
     send, recv = per_rank.sum(1).tolist(), received.sum(1).tolist()
-    h = rows.shape[-1]
-    arrived = all_to_all_single(rows.new_empty(sum(recv), h), rows.contiguous(), recv, send,
-                                group=group)  # [M, h], source by source
+    arrived = all_to_all_single_autograd(rows.contiguous(), recv, send,
+                                         group)  # [M, h], source by source
     order = expert_major_order(received).to(rows.device)
     out = experts(arrived[order], received.sum(0).tolist())  # [M, h], expert by expert
     restored = torch.empty_like(out).index_copy(0, order, out)  # source by source again
-    return all_to_all_single(rows.new_empty(rows.shape[0], h), restored, send, recv,
-                             group=group)
+    return all_to_all_single_autograd(restored, send, recv, group)

@@ -46,24 +46,25 @@ def expert_params(config) -> int:
     return (up + config.intermediate_size) * config.hidden_size
 
 
-def mlp_params(config, tp: int = 1, moe: bool = False) -> int:
+def mlp_params(config, tp: int = 1, moe: bool = False, ep: int = 1) -> int:
     """The feed-forward part of a layer on a rank of `tp`: the dense MLP, or with `moe` the
-    router (whole on every rank) and moe_num_experts / tp experts."""
+    router (whole on every rank) and moe_num_experts / (tp * ep) experts (ep: the expert-
+    parallel size)."""
     h = config.hidden_size
     if moe:
         experts = config.moe_num_experts
-        return experts * h + experts // tp * expert_params(config)
+        return experts * h + experts // (tp * ep) * expert_params(config)
     up_rows = config.intermediate_size * (2 if config.activation in GATED else 1) // tp
     count = up_rows * h + h * (config.intermediate_size // tp)
     return count + (up_rows + h if config.use_bias_in_mlp else 0)
 
 
-def block_params(config, tp: int = 1, moe: bool = False) -> int:
+def block_params(config, tp: int = 1, moe: bool = False, ep: int = 1) -> int:
     """One transformer layer on a rank of `tp`: two norms, attention, MLP (or MoE)."""
     h, d = config.hidden_size, config.head_dim
     qkv_rows = (config.num_attention_heads + 2 * config.num_kv_heads) * d // tp
     attn_cols = config.num_attention_heads * d // tp
-    count = 2 * norm_params(config) + qkv_rows * h + h * attn_cols + mlp_params(config, tp, moe)
+    count = 2 * norm_params(config) + qkv_rows * h + h * attn_cols + mlp_params(config, tp, moe, ep)
     if config.use_bias_in_attn_linear:
         count += qkv_rows + h  # the dense (row-parallel) bias is whole on every rank
     return count
@@ -76,19 +77,20 @@ def layer_kinds(config) -> list[str]:
     return [EMBEDDING, *[BLOCK] * config.num_layers, FINAL_NORM, head]
 
 
-def layer_params(config, tp: int = 1) -> list[int]:
+def layer_params(config, tp: int = 1, ep: int = 1) -> list[int]:
     """Parameters each layer spec builds on a rank of `tp` (a tied head counts in full, as
     DeepSpeed's "parameters" partition method counts it)."""
     per_kind = {EMBEDDING: embedding_params(config, tp), FINAL_NORM: norm_params(config),
                 HEAD: config.padded_vocab_size // tp * config.hidden_size,
                 VALUE_HEAD: config.hidden_size}
-    blocks = [block_params(config, tp, config.is_moe_layer(i)) for i in range(config.num_layers)]
+    blocks = [block_params(config, tp, config.is_moe_layer(i), ep)
+              for i in range(config.num_layers)]
     kinds = layer_kinds(config)
     return [per_kind[kinds[0]], *blocks, *[per_kind[kind] for kind in kinds[-2:]]]
 
 
-def stage_layers(config, pp: int, method: str = "type:transformer|mlp", tp: int = 1
-                 ) -> list[range]:
+def stage_layers(config, pp: int, method: str = "type:transformer|mlp", tp: int = 1,
+                 ep: int = 1) -> list[range]:
     """The layer-spec indices of each of `pp` pipeline stages, as DeepSpeed's PipelineModule
     partitions them (uniform, parameters or type:<regex>)."""
     from deepspeed.runtime import utils as ds_utils
@@ -100,7 +102,7 @@ def stage_layers(config, pp: int, method: str = "type:transformer|mlp", tp: int 
     if name == "uniform":
         parts = ds_utils.partition_uniform(num_items=len(kinds), num_parts=pp)
     elif name == "parameters":
-        parts = ds_utils.partition_balanced(weights=layer_params(config, tp), num_parts=pp)
+        parts = ds_utils.partition_balanced(weights=layer_params(config, tp, ep), num_parts=pp)
     elif name.startswith("type:"):
         pattern = re.compile(name.split(":", 1)[1], re.IGNORECASE)
         weights = [1 if pattern.search(kind) else 0 for kind in kinds]
@@ -114,17 +116,23 @@ def stage_layers(config, pp: int, method: str = "type:transformer|mlp", tp: int 
     return [range(parts[s], parts[s + 1]) for s in range(pp)]
 
 
-def params_per_rank(config, tp: int = 1, pp: int = 0, method: str = "type:transformer|mlp"
-                    ) -> list[int]:
+def params_per_rank(config, tp: int = 1, pp: int = 0, method: str = "type:transformer|mlp",
+                    ep: int = 1) -> list[int]:
     """sum(p.numel()) of the model on a rank of each pipeline stage (one entry when pp <= 1)."""
-    counts = layer_params(config, tp)
+    counts = layer_params(config, tp, ep)
     kinds = layer_kinds(config)
     out = []
-    for layers in stage_layers(config, pp, method, tp):
+    for layers in stage_layers(config, pp, method, tp, ep):
         total = sum(counts[i] for i in layers)
         tied_here = (kinds[-1] == EMBEDDING and 0 in layers and len(kinds) - 1 in layers)
         out.append(total - (counts[-1] if tied_here else 0))  # one module serves both
     return out
+
+
+def expert_params_per_rank(config, layers, tp: int = 1, ep: int = 1) -> int:
+    """The expert weights among `layers` (layer-spec indices of a stage) on a rank."""
+    moe = sum(1 for i in layers if 1 <= i <= config.num_layers and config.is_moe_layer(i - 1))
+    return moe * (config.moe_num_experts // (tp * ep)) * expert_params(config)
 
 
 def count_parameters(config) -> int:

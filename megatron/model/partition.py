@@ -21,12 +21,20 @@ from megatron.model.activations import GATED
 from megatron.mpu.layers import merge_shards
 
 # parameter path (inside a layer) -> dimension split over ranks
+_EXPERTS = re.compile(r"^mlp\.experts\.w_(in|out)$")
+
+
+def is_expert_weight(name: str) -> bool:
+    """Whether canonical `name` (`<layer>.<path>`) is an MoE layer's expert weight."""
+    return bool(_EXPERTS.match(name.split(".", 1)[-1]))
+
+
 _SPLITS = (
     (re.compile(r"^attention\.query_key_value\.(weight|bias)$"), 0),
     (re.compile(r"^attention\.dense\.weight$"), 1),
     (re.compile(r"^mlp\.dense_h_to_4h\.(weight|bias)$"), 0),
     (re.compile(r"^mlp\.dense_4h_to_h\.weight$"), 1),
-    (re.compile(r"^mlp\.experts\.w_(in|out)$"), 0),  # whole experts per rank
+    (_EXPERTS, 0),  # whole experts per rank
     (re.compile(r"^word_embeddings\.weight$"), 0),
     (re.compile(r"^weight$"), 0),  # the untied LM head
 )
@@ -86,8 +94,16 @@ class Sharding:
         itself)."""
         from megatron.mpu.layers import shard
 
-        split = self.split_of(name.split(".", 1)[1])
-        return full if split is None else shard(full, split.dim, tp, split.blocks)
+        path = name.split(".", 1)[1]
+        split = self.split_of(path)
+        if split is None:
+            return full
+        piece = shard(full, split.dim, tp, split.blocks)
+        ep = getattr(tp, "ep", None)
+        if ep is not None and ep.enabled and _EXPERTS.match(path):  # then over expert ranks
+            count = piece.shape[0] // ep.size
+            piece = piece.narrow(0, ep.rank * count, count)
+        return piece
 
     def shard_model(self, full: dict[str, torch.Tensor], tp) -> dict[str, torch.Tensor]:
         """A `GPTModel` state dict for tensor-parallel view `tp` from canonical full tensors."""

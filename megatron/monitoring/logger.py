@@ -12,6 +12,7 @@ import io
 import logging
 import os
 import sys
+import warnings
 
 _ROOT = "megatron"
 _FORMAT = "[%(asctime)s] [%(levelname)s] [%(name)s] %(message)s"
@@ -90,6 +91,18 @@ def deepspeed_prints():
         lines = [line for line in buffer.getvalue().splitlines() if line.strip()]
         if lines:
             get_logger("deepspeed").debug("%s", "\n".join(lines))
+
+
+# third-party warnings that say nothing to the user, once per rank: DeepSpeed 0.19's ZeRO 1/2
+# gathers the updated weights with the torch call torch 2.13 deprecates
+_FOREIGN_DEPRECATIONS = (r"`torch\.distributed\.all_gather_into_tensor` is deprecated",)
+
+
+def hide_foreign_deprecations() -> None:
+    """Ignore the deprecation warnings of the packages we call (`_FOREIGN_DEPRECATIONS`): the
+    user can act on none of them. Our own code's warnings are unaffected."""
+    for message in _FOREIGN_DEPRECATIONS:
+        warnings.filterwarnings("ignore", message=message, category=FutureWarning)
 
 
 def who(ranks: list[int]) -> str:

@@ -18,6 +18,25 @@ from megatron.mpu.topology import Topology
 
 
 @dataclass(frozen=True)
+class ExpertParallel:
+    """Expert parallelism (moe_expert_parallel_size): the `size` data-parallel ranks of `group`
+    each hold their share of every MoE layer's experts and exchange tokens by all-to-all;
+    `data_group` holds the ranks with the same experts as this one."""
+
+    group: object | None = None
+    rank: int = 0
+    size: int = 1
+    data_group: object | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.size > 1
+
+
+NO_EP = ExpertParallel()
+
+
+@dataclass(frozen=True)
 class TensorParallel:
     """What a tensor-parallel layer needs: its group, its rank and size in it, and whether
     activations outside attention/MLP are split along the sequence (sequence parallelism)."""
@@ -27,6 +46,7 @@ class TensorParallel:
     size: int = 1
     sequence_parallel: bool = False
     rng: object | None = None  # TensorParallelRNG for dropout in split regions
+    ep: ExpertParallel = NO_EP  # MoE layers' expert-parallel group (a data-parallel subgroup)
 
     @property
     def enabled(self) -> bool:
@@ -56,6 +76,8 @@ class ProcessGroups:
     tp_group: object
     dp_group: object
     pp_group: object
+    ep_group: object | None = None  # expert parallelism (ep > 1): token exchange
+    edp_group: object | None = None  # ... and the ranks holding the same experts
 
     @classmethod
     def build(cls, topology: Topology, timeout: timedelta | None = None) -> "ProcessGroups":
@@ -67,16 +89,19 @@ class ProcessGroups:
                                f"= {topology.world_size} != world_size({dist.get_world_size()})")
         built = _BUILT_FOR.get("topology")
         if built is not None and built != topology:
-            raise RuntimeError(f"process groups were already built for tp={built.tp} pp={built.pp} "
-                               f"dp={built.dp}; building them again for tp={topology.tp} "
-                               f"pp={topology.pp} dp={topology.dp} in the same process would mix "
-                               "two layouts: start a new process for a different layout")
+            raise RuntimeError(f"process groups were already built for {built.describe()}; "
+                               f"building them again for {topology.describe()} in the same "
+                               "process would mix two layouts: start a new process for a "
+                               "different layout")
         rank = dist.get_rank()
         mine = {}
         # every rank creates every group, in one global order, as torch.distributed requires
-        for kind, members_of in (("tp", topology.model_parallel_group),
-                                 ("dp", topology.data_parallel_group),
-                                 ("pp", topology.pipeline_group)):
+        kinds = [("tp", topology.model_parallel_group), ("dp", topology.data_parallel_group),
+                 ("pp", topology.pipeline_group)]
+        if topology.ep > 1:
+            kinds += [("ep", topology.expert_parallel_group),
+                      ("edp", topology.expert_data_parallel_group)]
+        for kind, members_of in kinds:
             seen = set()
             for r in range(topology.world_size):
                 members = tuple(members_of(r))
@@ -88,13 +113,15 @@ class ProcessGroups:
                     mine[kind] = group
         _BUILT_FOR["topology"] = topology
         return cls(topology=topology, rank=rank, tp_group=mine["tp"], dp_group=mine["dp"],
-                   pp_group=mine["pp"])
+                   pp_group=mine["pp"], ep_group=mine.get("ep"), edp_group=mine.get("edp"))
 
     def tensor_parallel(self, seed: int, sequence_parallel: bool = False) -> TensorParallel:
         """The view tensor-parallel layers take; one RNG stream per rank for split regions."""
         from megatron.mpu.random import TensorParallelRNG
 
         c = self.topology.coords(self.rank)
+        ep = NO_EP if self.topology.ep == 1 else ExpertParallel(
+            group=self.ep_group, rank=c.expert, size=self.topology.ep, data_group=self.edp_group)
         return TensorParallel(group=self.tp_group, rank=c.model, size=self.topology.tp,
                               sequence_parallel=sequence_parallel and self.topology.tp > 1,
-                              rng=TensorParallelRNG(seed, c.model))
+                              rng=TensorParallelRNG(seed, c.model), ep=ep)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
+from . import derived as d
+
 Config = Mapping[str, Any]
 # keys that only mean something in a model with experts, and their values that change nothing
 MOE_ONLY = {"moe_top_k": 1, "moe_router_type": "sinkhorn", "moe_normalize_topk": False,
@@ -16,10 +18,17 @@ MOE_ONLY = {"moe_top_k": 1, "moe_router_type": "sinkhorn", "moe_normalize_topk":
 
 
 def moe_rules(c: Config, world_size: int | None) -> Iterator[str]:
-    experts = c["moe_num_experts"]
+    experts, ep = c["moe_num_experts"], c["moe_expert_parallel_size"]
     if experts is None or experts < 1:
         yield f"moe_num_experts({experts}) must be at least 1 (1: no experts)."
         return
+    if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1:
+        yield f"moe_expert_parallel_size({ep!r}) must be a whole number, at least 1."
+        return
+    if experts == 1 and ep != 1:
+        yield (f"moe_expert_parallel_size is {ep} but moe_num_experts is 1: there are no "
+               "experts to split over ranks; set moe_num_experts above 1 or remove "
+               "moe_expert_parallel_size.")
     if experts == 1:
         for key, neutral in MOE_ONLY.items():
             if c[key] != neutral:
@@ -29,6 +38,8 @@ def moe_rules(c: Config, world_size: int | None) -> Iterator[str]:
         return
     yield from _routing(c, experts)
     yield from _layout(c, experts)
+    if ep > 1:
+        yield from _expert_parallel(c, experts, ep, world_size)
 
 
 def _routing(c: Config, experts: int) -> Iterator[str]:
@@ -58,3 +69,30 @@ def _layout(c: Config, experts: int) -> Iterator[str]:
     if c["sequence_parallel"]:
         yield ("sequence_parallel with moe_num_experts > 1 is not implemented: MoE layers route "
                "whole sequences on every tensor-parallel rank; set sequence_parallel: false.")
+
+
+def _expert_parallel(c: Config, experts: int, ep: int, world_size: int | None) -> Iterator[str]:
+    tp, pp = c["model_parallel_size"], c["pipe_parallel_size"]
+    if tp >= 1 and experts % tp == 0 and (experts // tp) % ep:
+        yield (f"moe_num_experts({experts}) / model_parallel_size({tp}) = {experts // tp} "
+               f"experts per tensor rank do not split over moe_expert_parallel_size({ep}) "
+               "ranks: choose a moe_expert_parallel_size that divides it.")
+    world = d.resolve_world_size(c, world_size)
+    stages = d.pipeline_stages(pp)
+    if world >= 1 and tp >= 1 and pp >= 0 and world % (tp * stages) == 0:
+        dp = d.data_parallel_size(world, tp, pp)
+        if dp % ep:
+            yield (f"moe_expert_parallel_size({ep}) must divide the data-parallel size({dp} = "
+                   f"world_size {world} / (model_parallel_size {tp} * pipe_parallel_size "
+                   f"{stages})): expert-parallel groups are made of data-parallel ranks.")
+    zero = c["zero_optimization"] or {}
+    if zero.get("stage", 0) == 3:
+        yield ("moe_expert_parallel_size > 1 with zero_optimization.stage 3 is not supported "
+               "(DeepSpeed's stage 3 partitions every parameter over all data-parallel ranks, "
+               "experts included): use stage 0, 1 or 2, or moe_expert_parallel_size 1.")
+    if zero.get("stage", 0) == 2:
+        for key in ("contiguous_gradients", "reduce_scatter"):
+            if zero.get(key) is False:
+                yield (f"zero_optimization.{key}: false with moe_expert_parallel_size > 1: "
+                       f"DeepSpeed's stage 2 reduces expert gradients only with {key} on; "
+                       f"remove {key} or set it to true.")

@@ -141,6 +141,10 @@ def inference_runtime(args):
         if args.parallelism.pipe_parallel_size > 1:
             log.info("pipe_parallel_size %d is folded into replicas for inference: every "
                      "tensor-parallel group holds all layers", args.parallelism.pipe_parallel_size)
+        if args.parallelism.moe_expert_parallel_size > 1:
+            log.info("moe_expert_parallel_size %d is folded into replicas for inference: every "
+                     "tensor-parallel rank holds its experts whole",
+                     args.parallelism.moe_expert_parallel_size)
         topology = Topology.from_world(world, tp, 1)
         groups = ProcessGroups.build(
             topology, collective_timeout(args.launcher.distributed_timeout_minutes))

@@ -11,13 +11,14 @@ from megatron.model.fusions import fusion_paths
 from megatron.model.gpt import GPTModel, build_pipeline_model
 from megatron.model.moe import describe as describe_moe
 from megatron.model.recompute import Recompute, configure_activation_checkpointing
-from megatron.monitoring.logger import deepspeed_prints, get_logger
+from megatron.monitoring.logger import deepspeed_prints, get_logger, hide_foreign_deprecations
 from megatron.mpu.deepspeed_adapter import DeepSpeedMPU
 from megatron.mpu.groups import ProcessGroups, TensorParallel
 from megatron.mpu.initialize import disable_deepspeed_shm_allreduce
 from megatron.mpu.layers import sync_sequence_parallel_grads
 from megatron.mpu.products import describe as describe_products
 from megatron.mpu.topology import Topology
+from megatron.training import expert_parallel
 from megatron.training.learning_rates import AnnealingLR, lr_schedule
 from megatron.training.objectives import Objective, build_objective
 from megatron.training.optimizers import build_optimizer, state_keys
@@ -81,6 +82,7 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
     from megatron.neox_arguments import deepspeed_config
 
     disable_deepspeed_shm_allreduce()
+    hide_foreign_deprecations()
     check_precision_supported(args.derived.precision)
     tp = groups.tensor_parallel(args.training.seed, args.parallelism.sequence_parallel)
     for line in fusion_paths(args.model):
@@ -100,8 +102,16 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
     hooked = sync_sequence_parallel_grads(model, tp)
     if hooked:
         log.info("sequence parallelism: %d parameters all-reduce their gradients over tp", hooked)
+    expert_group = None
+    if tp.ep.enabled:
+        expert_group = expert_parallel.prepare(model, groups, model_config.moe_num_experts)
+        log.info("expert parallelism: %d experts per MoE layer on each of %d ranks exchanging "
+                 "tokens (moe_expert_parallel_size %d; model_parallel_size %d)",
+                 model_config.moe_num_experts // (tp.size * tp.ep.size), tp.ep.size, tp.ep.size,
+                 tp.size)
     optimizer = build_optimizer(model, args.optimizer.optimizer["type"],
-                                args.optimizer.optimizer.get("params", {}), args.optimizer.weight_decay)
+                                args.optimizer.optimizer.get("params", {}), args.optimizer.weight_decay,
+                                expert_group)
     schedule = lr_schedule(args)
     with deepspeed_prints():  # its bf16 optimizer prints memory usage 6 times: debug lines
         engine, _, _, _ = deepspeed.initialize(
@@ -116,7 +126,7 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
             mpu=None if args.parallelism.pipe_parallel_size >= 1 else DeepSpeedMPU(groups),
             dist_init_required=False,
         )
-    _record_fp32_grad_norm(engine)
+    _record_fp32_grad_norm(engine, tp.ep.group if tp.ep.enabled else None)
     _skip_nonfinite_steps(engine)
     _skip_reduction_over_one_replica(engine)
     loss_scale = unapplied_loss_scale(engine.optimizer)
@@ -156,7 +166,7 @@ def checkpoint_run(args) -> RunDescription:
     return RunDescription.from_args(args, state_keys(opt["type"], opt.get("params", {})))
 
 
-def _record_fp32_grad_norm(engine) -> None:
+def _record_fp32_grad_norm(engine, ep_group=None) -> None:
     """Replace DeepSpeed's fp32 clipping, which discards the norm and, with pipeline stages,
     counts only the first stage's replicated parameters, by `clip_grad_norm`.
 
@@ -164,7 +174,8 @@ def _record_fp32_grad_norm(engine) -> None:
     """
     def clip_and_record() -> None:
         engine._global_grad_norm = clip_grad_norm(engine.module.parameters(),
-                                                  engine.gradient_clipping(), engine.mpu)
+                                                  engine.gradient_clipping(), engine.mpu,
+                                                  ep_group)
 
     engine.clip_fp32_gradients = clip_and_record
 
@@ -212,13 +223,14 @@ def _skip_reduction_over_one_replica(engine) -> None:
     engine._reduce_non_expert_gradients = lambda grads, elements_per_buffer: None
 
 
-def clip_grad_norm(parameters, max_norm: float, mpu) -> float:
+def clip_grad_norm(parameters, max_norm: float, mpu, ep_group=None) -> float:
     """Scale gradients so their global L2 norm is at most `max_norm`; returns the norm before.
 
     Each gradient element counts once over the model-parallel group: tensor-parallel shards
     (`tensor_model_parallel`) on every rank, replicated parameters on tensor rank 0 only, and a
     tied weight only on the pipeline stage that owns it (DeepSpeed flags the copies
-    `ds_pipe_replicated`). Data-parallel ranks hold identical averaged gradients already.
+    `ds_pipe_replicated`). Data-parallel ranks hold identical averaged gradients already, but
+    for the experts under expert parallelism: each rank of `ep_group` counts its own.
     """
     import torch
     import torch.distributed as dist
@@ -230,11 +242,14 @@ def clip_grad_norm(parameters, max_norm: float, mpu) -> float:
     tp_rank = bwc_tensor_model_parallel_rank(mpu=mpu) if mpu is not None else 0
     counted = [p.grad.detach() for p in params
                if not getattr(p, "ds_pipe_replicated", False)
+               and not (ep_group is not None and getattr(p, "expert_parallel", False))
                and (tp_rank == 0 or getattr(p, "tensor_model_parallel", False))]
     total = torch.zeros((), dtype=torch.float64, device=params[0].grad.device)
     if counted:
         # one fused pass over all gradients; squares summed in fp64
         total += torch.stack(torch._foreach_norm(counted)).double().pow(2).sum()
+    if ep_group is not None:
+        total += expert_parallel.expert_norm_squared(params, ep_group).to(total.device)
     if mpu is not None:
         dist.all_reduce(total, group=mpu.get_model_parallel_group())
     norm = float(total.sqrt())

@@ -102,7 +102,8 @@ def setup_engine(args):
     """(engine, topology, tokenizer, model config) of this worker, seeded. Collective."""
     set_seeds(args.training.seed)
     topology = Topology.from_world(dist.get_world_size(), args.parallelism.model_parallel_size,
-                                   args.parallelism.pipe_parallel_size)
+                                   args.parallelism.pipe_parallel_size,
+                                   args.parallelism.moe_expert_parallel_size)
     tokenizer = build_tokenizer(args.tokenizer.tokenizer_type, args.tokenizer.vocab_file,
                                 args.tokenizer.merge_file)
     vocab = _model_vocab(args, tokenizer)
@@ -170,7 +171,7 @@ def _pretrain(args) -> RunState:
     tracker = MetricsTracker.from_args(args, enabled=rank == 0)
     print_rank_0(f"training {model_config.num_layers} layers x {model_config.hidden_size} hidden, "
                  f"{sum(p.numel() for p in engine.engine.module.parameters()):,} parameters on this "
-                 f"rank, tp={topology.tp} pp={topology.pp} dp={topology.dp}, from iteration "
+                 f"rank, {topology.describe()}, from iteration "
                  f"{state.iteration} to {args.training.train_iters}")
     train_log = TrainLog(args, engine, tracker,
                          flops_per_token(model_config, args.model.seq_length), state.iteration,

@@ -60,7 +60,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron.model.activations import GATED
-from megatron.model.param_count import params_per_rank, stage_layers
+from megatron.model.param_count import expert_params_per_rank, params_per_rank, stage_layers
 from megatron.mpu.cross_entropy import BLOCK_ELEMENTS
 
 GIB = 1024**3
@@ -72,21 +72,25 @@ DATA_WORKER_BYTES = 128 * 1024**2  # each data-loader worker process (CPU memory
 
 @dataclass(frozen=True)
 class Layout:
-    """How the run is split: tensor-, pipeline- and data-parallel degrees, ZeRO stage."""
+    """How the run is split: tensor-, pipeline-, data- and expert-parallel degrees, ZeRO
+    stage."""
 
     tp: int = 1
     pp: int = 0  # pipe_parallel_size: 0 = no pipeline engine, 1 = one stage
     dp: int = 1
     zero_stage: int = 0
+    ep: int = 1  # moe_expert_parallel_size
 
     @classmethod
     def from_args(cls, args) -> "Layout":
         return cls(tp=args.parallelism.model_parallel_size,
                    pp=args.parallelism.pipe_parallel_size,
-                   dp=args.derived.data_parallel_size, zero_stage=args.deepspeed.zero_stage)
+                   dp=args.derived.data_parallel_size, zero_stage=args.deepspeed.zero_stage,
+                   ep=args.parallelism.moe_expert_parallel_size)
 
     def describe(self) -> str:
-        return f"tp={self.tp} pp={self.pp} dp={self.dp} ZeRO {self.zero_stage}"
+        return (f"tp={self.tp} pp={self.pp} dp={self.dp}" + (f" ep={self.ep}" if self.ep > 1
+                                                             else "") + f" ZeRO {self.zero_stage}")
 
 
 @dataclass(frozen=True)
@@ -134,33 +138,42 @@ def training_estimate(args, padded_vocab: int, layout: Layout | None = None,
 
     layout = layout or Layout.from_args(args)
     config = model_config_from_args(args, padded_vocab)
-    per_stage = params_per_rank(config, layout.tp, layout.pp, args.parallelism.pipe_partition_method)
-    stages = stage_layers(config, layout.pp, args.parallelism.pipe_partition_method, layout.tp)
+    method = args.parallelism.pipe_partition_method
+    per_stage = params_per_rank(config, layout.tp, layout.pp, method, layout.ep)
+    stages = stage_layers(config, layout.pp, method, layout.tp, layout.ep)
     best = None
     for k, (params, layers) in enumerate(zip(per_stage, stages)):
         blocks = sum(1 for i in layers if 1 <= i <= config.num_layers)
         last = k == len(stages) - 1
-        est = _stage_estimate(args, config, layout, device, params, blocks, k, last)
+        experts = expert_params_per_rank(config, layers, layout.tp, layout.ep)
+        est = _stage_estimate(args, config, layout, device, params, blocks, k, last, experts)
         if best is None or est.total > best.total:
             best = est
     return best
 
 
 def _stage_estimate(args, config, layout: Layout, device: str, params: int, blocks: int,
-                    stage: int, last: bool) -> MemoryEstimate:
+                    stage: int, last: bool, experts: int = 0) -> MemoryEstimate:
+    """`experts`: how many of the rank's `params` are expert weights, which ZeRO partitions
+    over the ranks holding the same experts (dp / ep) rather than over dp."""
     precision = args.derived.precision
     b = DTYPE_BYTES[precision]
     d, z = layout.dp, layout.zero_stage
     opt = args.optimizer.optimizer
     from megatron.training.optimizers import state_keys
 
+    def held(per_param: int, from_stage: int) -> int:  # bytes on the rank, after ZeRO
+        if z < from_stage:
+            return params * per_param
+        return ((params - experts) * per_param // d
+                + experts * per_param // max(d // layout.ep, 1))
+
     states = len(state_keys(opt["type"], opt.get("params", {})))
-    master = 0 if (precision == "fp32" and z == 0) else params * 8
     terms = [
-        ("weights", params * b // (d if z >= 3 else 1)),
-        ("gradients", params * b // (d if z >= 2 else 1)),
-        ("fp32 master copy", master // (d if z >= 1 else 1)),
-        ("optimizer states", params * 4 * states // (d if z >= 1 else 1)),
+        ("weights", held(b, 3)),
+        ("gradients", held(b, 2)),
+        ("fp32 master copy", 0 if (precision == "fp32" and z == 0) else held(8, 1)),
+        ("optimizer states", held(4 * states, 1)),
     ]
     act = Activations.from_args(args, config, layout.tp, device)
     in_flight = 1 if layout.pp <= 1 else min(layout.pp - stage, args.derived.gradient_accumulation_steps)

@@ -76,12 +76,19 @@ def _spec(optimizer_type: str) -> OptimizerSpec:
 
 
 def build_optimizer(model: torch.nn.Module, optimizer_type: str, params: dict,
-                    weight_decay: float) -> torch.optim.Optimizer:
-    """The torch optimizer for `optimizer: {type, params}`; an unknown type lists the valid ones."""
+                    weight_decay: float, expert_group: str | None = None) -> torch.optim.Optimizer:
+    """The torch optimizer for `optimizer: {type, params}`; an unknown type lists the valid ones.
+    With `expert_group` (expert parallelism), the expert weights get groups of their own, marked
+    for DeepSpeed (megatron/training/expert_parallel.py)."""
+    from megatron.training.expert_parallel import split_param_groups
+
     spec = _spec(optimizer_type)
     params = dict(params)
     params.pop("weight_decay", None)  # as in GPT-NeoX the top-level weight_decay is used
-    return spec.build(param_groups(model, weight_decay), params)
+    groups = param_groups(model, weight_decay)
+    if expert_group is not None:
+        groups = split_param_groups(groups, expert_group)
+    return spec.build(groups, params)
 
 
 def state_keys(optimizer_type: str, params: dict) -> tuple[str, ...]:

@@ -319,7 +319,7 @@ def test_the_manifest_records_degrees_shape_files_and_client_state(outcomes, tmp
 
     manifest = json.loads(ok(outcomes["fp32"])["manifest"])
     assert manifest["run"] == {"tp": 1, "pp": 1, "pipe_parallel_size": 1, "dp": 2,
-                               "world_size": 2, "zero_stage": 0, "precision": "fp32",
+                               "world_size": 2, "ep": 1, "zero_stage": 0, "precision": "fp32",
                                "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
                                "num_kv_heads": 4, "intermediate_size": 256,
                                "padded_vocab_size": 256, "moe_num_experts": 1,

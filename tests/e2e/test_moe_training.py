@@ -1,11 +1,16 @@
 """Mixture-of-experts training through `deepy.py train.py configs/tiny.yml configs/tiny_moe.yml`
 (experts in layers 0 and 2, Sinkhorn routing, load-balancing and z losses in the loss): the
-tensor x pipeline 2 x 2 layout (experts split over tensor ranks, MoE layers on both stages) and
-a data-parallel layout without gradient accumulation train the same model as one process with
-it, under the dense runs' tolerance (tests/e2e/test_equivalence.py); the expert weights and
-their optimizer state reshard to one tensor rank; the log carries each layer's router losses
-and expert loads; a stopped run resumes bit for bit (router jitter and dropout drawing from the
-restored generators); a dense config cannot load the MoE checkpoint."""
+tensor x pipeline 2 x 2 layout (experts split over tensor ranks, MoE layers on both stages), a
+data-parallel layout without gradient accumulation and expert-parallel layouts (experts split
+over data-parallel ranks, alone and with tensor, pipeline, ZeRO 1/2 and expert-data-parallel
+replicas) train the same model as one process with it, under the dense runs' tolerance
+(tests/e2e/test_equivalence.py); the expert weights and their optimizer state reshard to one
+rank, and into expert ranks; the log carries each layer's router losses and expert loads; a
+stopped run resumes bit for bit (router jitter and dropout drawing from the restored
+generators), with expert parallelism too; a dense config cannot load the MoE checkpoint.
+
+Sinkhorn routing balances over the tokens of a micro-batch, so a layout is compared with one
+process running the same micro-batches (8 sequences; 4 for the four-replica layout)."""
 
 from __future__ import annotations
 
@@ -74,6 +79,49 @@ def test_data_parallel_without_accumulation_trains_like_one_process(small_data, 
     assert_trains_like(got_losses, full_weights(got_dir), losses, full_weights(step_dir))
 
 
+# experts split over data-parallel ranks: dp 2 = ep 2 unless said otherwise
+EXPERT_PARALLEL = {
+    "ep2": dict(num_gpus=2, moe_expert_parallel_size=2),  # pipeline engine, torch optimizer
+    "ep2-zero2": dict(num_gpus=2, moe_expert_parallel_size=2, pipe_parallel_size=0,
+                      zero_optimization="{stage: 2}"),
+    "ep2-tp2": dict(num_gpus=4, moe_expert_parallel_size=2, model_parallel_size=2),
+    "ep2-pp2": dict(num_gpus=4, moe_expert_parallel_size=2, pipe_parallel_size=2),
+    # two replicas of each expert rank: expert gradients summed over them
+    "ep2-dp4-zero1": dict(num_gpus=4, moe_expert_parallel_size=2, pipe_parallel_size=0,
+                          train_micro_batch_size_per_gpu=4, zero_optimization="{stage: 1}"),
+}
+
+
+@pytest.fixture(scope="module")
+def single_micro4(small_data, tmp_path_factory):
+    """One process accumulating four micro-batches of 4 sequences."""
+    return train(small_data, tmp_path_factory.mktemp("moe-single-micro4"),
+                 train_micro_batch_size_per_gpu=4)
+
+
+@pytest.fixture(scope="module")
+def ep2_tp2(small_data, tmp_path_factory):
+    return train(small_data, tmp_path_factory.mktemp("moe-ep2-tp2"), **EXPERT_PARALLEL["ep2-tp2"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", sorted(EXPERT_PARALLEL))
+def test_expert_parallel_layouts_train_like_one_process(small_data, tmp_path, request, layout):
+    """Each rank runs its share of the experts on the tokens of its expert-parallel peers
+    (all-to-all both ways); expert gradients are averaged over the ranks holding the same
+    experts, the gradient norm counts every expert once (clipping is active: norms 1.1-3.3)."""
+    micro4 = "train_micro_batch_size_per_gpu" in EXPERT_PARALLEL[layout]
+    losses, _, step_dir = request.getfixturevalue("single_micro4" if micro4 else "single")
+    if layout == "ep2-tp2":
+        got_losses, records, got_dir = request.getfixturevalue("ep2_tp2")
+    else:
+        got_losses, records, got_dir = train(small_data, tmp_path, **EXPERT_PARALLEL[layout])
+    weights = full_weights(got_dir)
+    assert weights["1.mlp.experts.w_in"].shape[0] == 4  # every expert in the saved weights
+    assert_trains_like(got_losses, weights, losses, full_weights(step_dir))
+    assert records[0]["grad_norm"] > 1.0  # (gradient_clipping is 1.0)
+
+
 def test_the_log_carries_each_moe_layers_losses_and_expert_loads(single):
     _, records, _ = single
     assert len(records) == STEPS
@@ -106,6 +154,32 @@ def test_the_reshard_tool_moves_experts_and_their_optimizer_state_to_one_rank(
     assert_same_state(full_state(step_dir.parent), resharded)
 
 
+@pytest.mark.slow
+def test_the_reshard_tool_moves_expert_parallel_state_to_one_rank_and_back(
+        small_data, tmp_path, ep2_tp2):
+    """Out of expert ranks: the experts of each expert rank and their optimizer state (kept by
+    expert ranks 1.. in their own files, torch optimizer) merge into one rank's, bit for bit.
+    Into expert ranks (ZeRO 1: the experts' state partitioned over their replicas): each rank
+    takes its experts' share, and reading it back gives the same state."""
+    *_, step_dir = ep2_tp2
+    prefix, tok = small_data
+    one = tmp_path / "one"
+    proc = deepy("tools/ckpts/reshard.py", *MOE,
+                 *tiny_overrides(prefix, tok, tmp_path, num_gpus=1, model_parallel_size=1,
+                                 pipe_parallel_size=0, train_iters=STEPS, load=step_dir.parent,
+                                 save=one))
+    assert proc.returncode == 0, explain(proc)
+    saved, merged = full_state(step_dir.parent), full_state(one)
+    assert merged.state["1.mlp.experts.w_in"]["exp_avg"].shape[0] == 4
+    assert_same_state(saved, merged)
+    back = tmp_path / "ep2-dp4"
+    proc = deepy("tools/ckpts/reshard.py", *MOE,
+                 *tiny_overrides(prefix, tok, tmp_path, **EXPERT_PARALLEL["ep2-dp4-zero1"],
+                                 train_iters=STEPS, load=one, save=back))
+    assert proc.returncode == 0, explain(proc)
+    assert_same_state(saved, full_state(back))
+
+
 def test_a_dense_config_cannot_load_the_moe_checkpoint(small_data, tmp_path, single):
     *_, step_dir = single
     prefix, tok = small_data
@@ -129,6 +203,24 @@ def test_a_dense_config_cannot_load_the_moe_checkpoint(small_data, tmp_path, sin
 def test_stop_and_resume_is_bitwise_identical_with_router_jitter(small_data, tmp_path):
     moe = dict(moe_num_experts=4, moe_top_k=2, moe_expert_interval=2, moe_jitter_eps=0.1,
                moe_aux_loss_coeff=0.01, moe_z_loss_coeff=0.001)
+    reference = tmp_path / "uninterrupted"
+    proc = run(small_data, reference, **moe)
+    assert proc.returncode == 0, explain(proc)
+    assert_stop_and_resume_exact(small_data, tmp_path / "resumed",
+                                 (losses_by_iteration(reference), reference / "ckpt"), **moe)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_expert_parallel_stop_and_resume_is_bitwise_identical(small_data, tmp_path, precision):
+    """Two expert ranks: fp32 on the pipeline engine (a torch optimizer, whose state expert
+    rank 1 writes to its own file) and bf16 with ZeRO 1 (the experts' state partitioned)."""
+    moe = dict(moe_num_experts=4, moe_top_k=2, moe_expert_interval=2, moe_jitter_eps=0.1,
+               moe_aux_loss_coeff=0.01, moe_z_loss_coeff=0.001, num_gpus=2,
+               moe_expert_parallel_size=2)
+    if precision == "bf16":
+        moe.update({"bf16": "{enabled: true}", "pipe_parallel_size": 0,
+                    "zero_optimization": "{stage: 1}"})
     reference = tmp_path / "uninterrupted"
     proc = run(small_data, reference, **moe)
     assert proc.returncode == 0, explain(proc)

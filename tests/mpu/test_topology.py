@@ -31,3 +31,22 @@ def test_layout_equals_deepspeeds_pipe_model_data_topology(tp, pp, dp):
     for rank in range(t.world_size):
         c = t.coords(rank)
         assert ds.get_rank(pipe=c.pipe, data=c.data, model=c.model) == rank
+
+
+def test_expert_parallel_groups_split_each_data_parallel_group():
+    """ep 2 over dp 4 (tp 2, pp 2): data ranks 0,1 and 2,3 exchange tokens; data ranks 0,2
+    and 1,3 hold the same experts; groups never cross a stage or a tensor rank."""
+    topo = Topology(tp=2, pp=2, dp=4, ep=2)
+    rank = topo.rank(pipe=1, data=2, model=1)
+    assert topo.coords(rank).expert == 0
+    assert topo.expert_parallel_group(rank) == [topo.rank(1, 2, 1), topo.rank(1, 3, 1)]
+    assert topo.expert_data_parallel_group(rank) == [topo.rank(1, 0, 1), topo.rank(1, 2, 1)]
+    for r in range(topo.world_size):
+        ep, edp = topo.expert_parallel_group(r), topo.expert_data_parallel_group(r)
+        assert set(ep) | set(edp) <= set(topo.data_parallel_group(r))
+        assert set(ep) & set(edp) == {r}
+        assert [topo.coords(x).expert for x in ep] == [0, 1]
+    with pytest.raises(ValueError, match=r"moe_expert_parallel_size\(3\) must divide the "
+                                         r"data-parallel size\(4\)"):
+        Topology(tp=1, pp=1, dp=4, ep=3)
+    assert Topology.from_world(8, 2, 1, 2) == Topology(tp=2, pp=1, dp=4, ep=2)

@@ -57,3 +57,40 @@ def test_routing_settings():
                                                                moe_jitter_eps=1.5)
     assert "moe_z_loss_coeff(-0.1) must be 0 or more." in problems(moe_num_experts=4,
                                                                    moe_z_loss_coeff=-0.1)
+
+
+def test_expert_parallel_size_must_divide_the_experts_of_a_tensor_rank():
+    msg = problems(moe_num_experts=4, model_parallel_size=2, moe_expert_parallel_size=4,
+                   num_gpus=8)
+    assert ("moe_num_experts(4) / model_parallel_size(2) = 2 experts per tensor rank do not "
+            "split over moe_expert_parallel_size(4) ranks: choose a moe_expert_parallel_size "
+            "that divides it.") in msg
+
+
+def test_expert_parallel_size_must_divide_the_data_parallel_size():
+    msg = problems(moe_num_experts=4, moe_expert_parallel_size=2, num_gpus=3,
+                   train_batch_size=24)
+    assert ("moe_expert_parallel_size(2) must divide the data-parallel size(3 = world_size 3 / "
+            "(model_parallel_size 1 * pipe_parallel_size 1)): expert-parallel groups are made "
+            "of data-parallel ranks.") in msg
+
+
+def test_expert_parallel_settings_refused_by_name():
+    assert ("moe_expert_parallel_size is 2 but moe_num_experts is 1: there are no experts to "
+            "split over ranks") in problems(moe_expert_parallel_size=2, num_gpus=2)
+    assert "moe_expert_parallel_size(0) must be a whole number, at least 1." in problems(
+        moe_num_experts=4, moe_expert_parallel_size=0)
+    zero3 = problems(moe_num_experts=4, moe_expert_parallel_size=2, num_gpus=2,
+                     pipe_parallel_size=0, zero_optimization={"stage": 3})
+    assert "moe_expert_parallel_size > 1 with zero_optimization.stage 3 is not supported" in zero3
+    zero2 = problems(moe_num_experts=4, moe_expert_parallel_size=2, num_gpus=2,
+                     pipe_parallel_size=0,
+                     zero_optimization={"stage": 2, "contiguous_gradients": False})
+    assert ("zero_optimization.contiguous_gradients: false with moe_expert_parallel_size > 1"
+            in zero2)
+
+
+def test_an_expert_parallel_layout_loads():
+    args = NeoXArgs.from_ymls([TINY], {"moe_num_experts": 4, "moe_expert_parallel_size": 2,
+                                       "num_gpus": 4, "model_parallel_size": 2})
+    assert args.parallelism.moe_expert_parallel_size == 2

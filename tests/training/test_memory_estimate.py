@@ -54,6 +54,30 @@ def test_parameter_count_equals_the_built_model_on_every_tensor_rank(name, tp):
         assert sum(p.numel() for p in model.parameters()) == expected[0], (name, tp, rank)
 
 
+@pytest.mark.parametrize("tp,ep", [(1, 2), (2, 2), (1, 4)])
+def test_parameter_count_with_expert_parallelism_equals_the_built_model(tp, ep):
+    """Each rank of tensor rank t, expert rank q builds its 4 / (tp ep) experts; the estimate's
+    count of expert weights on the rank agrees."""
+    from megatron.model.param_count import expert_params, expert_params_per_rank
+    from megatron.mpu.groups import ExpertParallel
+
+    args = load(VARIANTS["moe"], f"model_parallel_size={tp}", f"num_gpus={tp * ep}",
+                f"moe_expert_parallel_size={ep}", "num_kv_heads=4", "train_batch_size=32")
+    config = model_config_from_args(args, padded_vocab_size=1000 // 8 * 8 * tp)
+    expected = params_per_rank(config, tp, ep=ep)[0]
+    for rank in range(tp):
+        for q in range(ep):
+            view = TensorParallel(rank=rank, size=tp, ep=ExpertParallel(rank=q, size=ep))
+            model = GPTModel(config, view)
+            assert sum(p.numel() for p in model.parameters()) == expected, (tp, ep, rank, q)
+            held = sum(p.numel() for p in model.parameters() if getattr(p, "expert_parallel", 0))
+            everything = range(config.num_layers + 3)
+            assert held == expert_params_per_rank(config, everything, tp, ep)
+            assert held == 2 * (4 // (tp * ep)) * expert_params(config)  # two MoE layers
+    estimate = training_estimate(args, 1000 // 8 * 8 * tp)
+    assert estimate.layout.ep == ep and f"ep={ep}" in estimate.layout.describe()
+
+
 def _stage_params(rank: int, world: int, config, pp: int, methods):
     import deepspeed
 

@@ -18,6 +18,12 @@ class ParallelismArgs:
     model_parallel_size: int = option(
         1, "Tensor-parallel degree: ranks that split each layer's weights."
     )
+    moe_expert_parallel_size: int = option(
+        1,
+        "Expert parallelism: MoE layers' experts are split over this many data-parallel ranks, "
+        "which exchange tokens by all-to-all (it must divide the data-parallel size, and "
+        "moe_num_experts / model_parallel_size must divide by it).",
+    )
     sequence_parallel: bool = option(
         False,
         "Shard norm and dropout activations along the sequence over the tensor-parallel ranks "
