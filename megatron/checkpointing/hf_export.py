@@ -1,4 +1,5 @@
-"""Exporting a checkpoint of any layout as a Hugging Face model directory (GPTNeoX or Llama).
+"""Exporting a checkpoint of any layout as a Hugging Face model directory (GPTNeoX, Llama,
+Mixtral or Mamba), or in mamba_ssm's format (architecture "mamba_ssm", mamba_ssm_export.py).
 
     export_to_hf(Path("checkpoints/tiny/global_step200"), args, Path("hf/tiny"))
 
@@ -32,6 +33,7 @@ import torch
 from megatron.checkpointing import neox_format
 from megatron.checkpointing.layout import CONFIG_NAME
 from megatron.checkpointing.locate import step_directory
+from megatron.checkpointing.mamba_ssm_export import write_mamba_ssm
 from megatron.checkpointing.model_shape import check_architecture
 from megatron.checkpointing.reader import CheckpointWeights, read_checkpoint
 from megatron.model.config import ModelConfig, model_config_from_args
@@ -42,6 +44,7 @@ from megatron.monitoring.progress import progress
 log = get_logger(__name__)
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+MAMBA_SSM = "mamba_ssm"  # the architecture name of mamba_ssm's format (mamba_ssm_export.py)
 
 
 def current_umask() -> int:
@@ -67,8 +70,9 @@ def export_to_hf(step_dir: Path, args, output_dir: Path | None, architecture: st
         raise ValueError(f"precision {precision!r} is not known; valid: auto, "
                          f"{', '.join(PRECISIONS)}")
     step_dir = step_directory(Path(step_dir))
+    mamba_ssm = architecture == MAMBA_SSM
     # refused before any weight is read (the vocabulary size plays no part in the choice)
-    name = architecture_for(model_config_from_args(args, 1), architecture)
+    name = architecture_for(model_config_from_args(args, 1), "mamba" if mamba_ssm else architecture)
     tok = args.tokenizer
     tokenizer = build_tokenizer(tok.tokenizer_type, tok.vocab_file, tok.merge_file)
     output_dir = Path(output_dir) if output_dir is not None else default_output_dir(step_dir)
@@ -78,6 +82,12 @@ def export_to_hf(step_dir: Path, args, output_dir: Path | None, architecture: st
         config = exported_config(args, ck, tokenizer)
         dtype = ck.canonical["0.word_embeddings.weight"].dtype if precision == "auto" \
             else PRECISIONS[precision]
+        if mamba_ssm:
+            write_mamba_ssm(ck.canonical, config, output_dir, dtype)
+            bar.update(2)
+            log.info("wrote mamba_ssm's MambaLMHeadModel (%s) from %s to %s",
+                     str(dtype).replace("torch.", ""), ck.step_dir, output_dir)
+            return output_dir
         model = to_hf_model(ck.canonical, config, tokenizer.eod, architecture=name, dtype=dtype,
                             pad_token_id=tokenizer.pad)
         bar.update()

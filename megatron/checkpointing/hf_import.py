@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from megatron.model.config import ModelConfig, model_config_from_args
-from megatron.checkpointing.model_shape import ARCHITECTURE_FIELDS, FIELD_LABELS
+from megatron.checkpointing.model_shape import FIELD_LABELS, compared_fields
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -113,7 +113,7 @@ def check_same_model(config: ModelConfig, hf_model: ModelConfig, tokenizer_ids: 
     where = hf_dir / "config.json"
     problems = [f"{_CONFIG_KEYS.get(name, name)}: {getattr(config, name)!r} in the config vs "
                 f"{getattr(hf_model, name)!r} in {where}"
-                for name in ARCHITECTURE_FIELDS if name != "sliding_window_width"
+                for name in compared_fields(config, hf_model) if name != "sliding_window_width"
                 and getattr(config, name) != getattr(hf_model, name)]
     rows, padded = hf_model.padded_vocab_size, config.padded_vocab_size
     if rows > padded:

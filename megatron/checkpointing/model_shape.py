@@ -14,9 +14,11 @@ from dataclasses import fields
 from pathlib import Path
 
 SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
-              "intermediate_size", "padded_vocab_size", "moe_num_experts", "moe_expert_interval")
+              "intermediate_size", "padded_vocab_size", "moe_num_experts", "moe_expert_interval",
+              "mamba_layers", "mamba_inner_size")
 # what a manifest written before a key existed means by its absence
-SHAPE_DEFAULTS = {"moe_num_experts": 1, "moe_expert_interval": 1}
+SHAPE_DEFAULTS = {"moe_num_experts": 1, "moe_expert_interval": 1, "mamba_layers": [],
+                  "mamba_inner_size": 0}
 
 ARCHITECTURE_FIELDS = (
     "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "intermediate_size",
@@ -25,8 +27,16 @@ ARCHITECTURE_FIELDS = (
     "use_bias_in_attn_linear", "use_bias_in_mlp", "attention_types", "sliding_window_width",
     "gelu_approximation",  # a property: bias_gelu_fusion with activation gelu
     "moe_num_experts", "moe_expert_interval", "moe_top_k", "moe_router_type",
-    "moe_normalize_topk",
+    "moe_normalize_topk", "mamba_inner_size", "mamba_use_bias_in_conv",
+    "mamba_use_bias_in_linears",
 )
+# fields a model of Mamba layers only does not use (no attention, no MLP), and those a model
+# without rotary positions does not use: not compared there
+TRANSFORMER_FIELDS = frozenset({
+    "num_attention_heads", "num_kv_heads", "intermediate_size", "activation", "gpt_j_residual",
+    "gpt_j_tied", "use_bias_in_attn_linear", "use_bias_in_mlp", "sliding_window_width",
+    "gelu_approximation"})
+ROTARY_FIELDS = frozenset({"rotary_pct", "rotary_emb_base"})
 # how a mismatch names a field that is not a config key of its own
 FIELD_LABELS = {"gelu_approximation": "GELU approximation (bias_gelu_fusion)"}
 
@@ -39,7 +49,14 @@ def describe_shape(args, padded_vocab_size: int | None) -> dict:
             "num_attention_heads": m.num_attention_heads, "num_kv_heads": d.num_kv_heads,
             "intermediate_size": d.intermediate_size, "padded_vocab_size": padded_vocab_size,
             "moe_num_experts": m.moe_num_experts, "moe_expert_interval": m.moe_expert_interval,
+            **mamba_shape(d.attention_types, d.mamba_inner_size),
             "value_head": args.training.train_impl == "rm"}
+
+
+def mamba_shape(attention_types, inner_size: int) -> dict:
+    """The shape keys of Mamba layers: which layers (0-based) and their channels (0: none)."""
+    layers = [i for i, kind in enumerate(attention_types) if kind == "mamba"]
+    return {"mamba_layers": layers, "mamba_inner_size": inner_size if layers else 0}
 
 
 def head_change(saved: dict, current: dict, finetune: bool, where) -> bool:
@@ -92,14 +109,29 @@ def vocab_for_run(load: str | None, iteration: int | None, default: int, tp: int
     return resumed_vocab(default, manifest.run.get("padded_vocab_size"), tp, token_ids, where)
 
 
+# how a mismatch names a shape key that is not a config key of its own
+SHAPE_LABELS = {"mamba_layers": "mamba layers (attention_config)",
+                "mamba_inner_size": "mamba channels (intermediate_size)"}
+
+
 def shape_mismatches(saved: dict, current: dict) -> list[str]:
     """`key: checkpoint X, this run Y` for each recorded shape key that differs."""
     out = []
     for key in SHAPE_KEYS:
         a, b = saved.get(key, SHAPE_DEFAULTS.get(key)), current.get(key)
         if a is not None and b is not None and a != b:
-            out.append(f"{key}: checkpoint {a}, this run {b}")
+            out.append(f"{SHAPE_LABELS.get(key, key)}: checkpoint {a}, this run {b}")
     return out
+
+
+def compared_fields(a, b) -> tuple[str, ...]:
+    """The ARCHITECTURE_FIELDS that matter for two ModelConfigs (see TRANSFORMER_FIELDS)."""
+    skip = set()
+    if set(a.attention_types) == set(b.attention_types) == {"mamba"}:
+        skip |= TRANSFORMER_FIELDS
+    if a.pos_emb != "rotary" and b.pos_emb != "rotary":
+        skip |= ROTARY_FIELDS
+    return tuple(n for n in ARCHITECTURE_FIELDS if n not in skip)
 
 
 def architecture_mismatches(run, saved) -> list[str]:
@@ -107,7 +139,7 @@ def architecture_mismatches(run, saved) -> list[str]:
     that differs."""
     names = {f.name for f in fields(type(run))}
     out = []
-    for name in ARCHITECTURE_FIELDS:
+    for name in compared_fields(run, saved):
         assert name in names or hasattr(run, name), name
         a, b = getattr(run, name), getattr(saved, name)
         if a != b:

@@ -24,7 +24,9 @@ function), L+3 final norm, L+4 untied output linear; a sequential model names it
 - names: linear1/linear2 (older: dense_h_to_4h/dense_4h_to_h, or w1 gate, w3 up, w2 down),
   RMSNorm's scale/offset, the final norm `norm.*`, the output `final_linear.weight`; rotary
   `inv_freq` buffers are dropped
-A tensor this model does not have (mixture of experts, Mamba, ...) is refused by name.
+Mamba layers (`mixer.*`, `norm.scale`) carry our names; those of a tensor-parallel GPT-NeoX run
+are refused (its x_proj is not summed over the ranks). A tensor this model does not have
+(mixture of experts, ...) is refused by name.
 
 `describe` gives a checkpoint a Manifest (contents["format"] == "gpt-neox", no checksums) so the
 one resolver, the compatibility check and the reshard path treat it like ours: its shape keys
@@ -72,6 +74,10 @@ _OURS = {  # what each kind of our layers holds (parameter paths)
                       for p in ("weight", "bias")},
     "norm": {"norm.weight", "norm.bias", "norm.g"},
     "head": {"weight"},
+    # a Mamba layer: GPT-NeoX's names are ours (megatron/model/mamba.py)
+    "mamba": {"norm.weight", "norm.bias", "norm.g"}
+             | {f"mixer.{m}.{p}" for m in ("in_proj", "conv1d", "x_proj", "dt_proj", "out_proj")
+                for p in ("weight", "bias")} | {"mixer.A_log", "mixer.D"},
 }
 
 
@@ -325,6 +331,13 @@ def _canonical(per_rank: list[dict[int, dict]], heads: _Heads, wanted: set[str] 
     """Per-rank GPT-NeoX layer tensors -> our canonical full tensors (merged over ranks;
     `exact`: replicated tensors must agree, see _merge)."""
     ours = [_to_ours(layers, heads) for layers in per_rank]
+    mamba = any(p.startswith("mixer.") for layer in ours[0].values() for p in layer)
+    if mamba and len(ours) > 1:
+        raise CheckpointMismatchError(
+            f"this GPT-NeoX checkpoint has Mamba layers saved by {len(ours)} tensor-parallel "
+            "ranks: GPT-NeoX computes each rank's x_proj without summing over the ranks, so "
+            "its layers are not the one-rank Mamba this project builds (docs/train.md, Mamba); "
+            "only checkpoints of model_parallel_size 1 convert exactly")
     gated = any(_is_gated(layer) for layer in ours[0].values())
     sharding = Sharding(gated_mlp=gated)
     out = {}
@@ -358,9 +371,9 @@ def _to_ours(layers: dict[int, dict], heads: _Heads) -> dict[int, dict]:
         if unknown:
             raise CheckpointMismatchError(
                 f"GPT-NeoX layer {index} holds {', '.join(unknown)}, which this project's model "
-                "does not have (mixture of experts, Mamba, RWKV and QK layernorm are not "
-                "implemented)")
-        out[{"embedding": 0, "transformer": index - 1}.get(kind, index - 2)] = ours
+                "does not have (mixture of experts, RWKV and QK layernorm are not implemented)")
+        out[{"embedding": 0, "transformer": index - 1, "mamba": index - 1}.get(kind, index - 2)] \
+            = ours
     return out
 
 
@@ -369,6 +382,8 @@ def _kind(state: dict) -> str:
         return "embedding"
     if any(p.startswith(("attention.", "mlp.")) for p in state):
         return "transformer"
+    if any(p.startswith("mixer.") for p in state):
+        return "mamba"
     if "final_linear.weight" in state:
         return "head"
     if any(p.startswith("norm.") for p in state):

@@ -49,6 +49,13 @@ class ModelConfig:
     bias_dropout_fusion: bool = False
     use_flashattn_swiglu: bool = False
     cpu_matmul_precision: str = "auto"  # bf16/fp16 products on CPU tensors (mpu/products.py)
+    mamba_inner_size: int = 0  # channels of Mamba layers (megatron/model/mamba.py)
+    mamba_selective_scan_fusion: bool = False
+    mamba_causal_conv_fusion: bool = False
+    mamba_inner_func_fusion: bool = False
+    mamba_selective_fp32_params: bool = True
+    mamba_use_bias_in_conv: bool = True
+    mamba_use_bias_in_linears: bool = False
     moe_num_experts: int = 1  # 1: every layer has a dense MLP (megatron/model/moe.py)
     moe_expert_interval: int = 1
     moe_top_k: int = 1
@@ -81,6 +88,14 @@ class ModelConfig:
         """Whether transformer layer `layer_number` (0-based) has experts in place of its MLP:
         GPT-NeoX's rule, every layer whose number is a multiple of moe_expert_interval."""
         return self.moe_num_experts > 1 and layer_number % self.moe_expert_interval == 0
+
+    def is_mamba_layer(self, layer_number: int) -> bool:
+        """Whether layer `layer_number` (0-based) is a Mamba layer (attention_config `mamba`)."""
+        return self.attention_type(layer_number) == "mamba"
+
+    @property
+    def has_mamba(self) -> bool:
+        return "mamba" in self.attention_types
 
     def attention_type(self, layer_number: int) -> str:
         """The attention kind of transformer layer `layer_number` (0-based)."""
@@ -130,6 +145,13 @@ def model_config_from_args(args, padded_vocab_size: int) -> ModelConfig:
         bias_dropout_fusion=m.bias_dropout_fusion,
         use_flashattn_swiglu=m.use_flashattn_swiglu,
         cpu_matmul_precision=m.cpu_matmul_precision,
+        mamba_inner_size=d.mamba_inner_size if "mamba" in d.attention_types else 0,
+        mamba_selective_scan_fusion=m.mamba_selective_scan_fusion,
+        mamba_causal_conv_fusion=m.mamba_causal_conv_fusion,
+        mamba_inner_func_fusion=m.mamba_inner_func_fusion,
+        mamba_selective_fp32_params=m.mamba_selective_fp32_params,
+        mamba_use_bias_in_conv=m.mamba_use_bias_in_conv,
+        mamba_use_bias_in_linears=m.mamba_use_bias_in_linears,
         moe_num_experts=m.moe_num_experts,
         moe_expert_interval=m.moe_expert_interval,
         moe_top_k=m.moe_top_k,

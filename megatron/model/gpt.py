@@ -1,6 +1,7 @@
 """The GPT model: one function builds layer specs; they become a PipelineModule or a plain module.
 
-Layer order: embedding -> num_layers transformer layers -> final norm -> LM head (a separate
+Layer order: embedding -> num_layers transformer layers (Mamba layers where attention_config
+says `mamba`) -> final norm -> LM head (a separate
 linear, or the input embedding's weight when `tied_embeddings`; a reward model's value head
 instead, `value_head`). Every layer passes the tuple
 (hidden [b, s, h], position_ids [b, s], mask) to the next, where `mask` is a [b, 1, s, s]
@@ -15,12 +16,16 @@ from torch import nn
 from megatron.model.block import TransformerLayer, TransformerLayerPipe, unpack_mask
 from megatron.model.embedding import EmbeddingPipe, tied_lm_head
 from megatron.model.init import init_methods, layer_generator
+from megatron.model.mamba import MambaLayer, MambaLayerPipe
 from megatron.model.norms import build_norm
 from megatron.model.recompute import Recompute
 from megatron.model.value_head import ValueHead
 from megatron.mpu.cross_entropy import vocab_parallel_cross_entropy
 from megatron.mpu.groups import NO_TP, TensorParallel
 from megatron.mpu.layers import ColumnParallelLinear, mark_sequence_parallel
+
+
+BLOCKS = (TransformerLayerPipe, MambaLayerPipe)  # the num_layers layers between embedding and norm
 
 
 class FinalNormPipe(nn.Module):
@@ -63,7 +68,8 @@ def build_layer_specs(config, tp: TensorParallel = NO_TP) -> list:
                              tied_weight_attr="word_embeddings.weight")
     else:
         embed, head = LayerSpec(EmbeddingPipe, config, tp), LayerSpec(LMHead, config, tp)
-    blocks = [LayerSpec(TransformerLayerPipe, config, i, tp) for i in range(config.num_layers)]
+    blocks = [LayerSpec(MambaLayerPipe if config.is_mamba_layer(i) else TransformerLayerPipe,
+                        config, i, tp) for i in range(config.num_layers)]
     return [embed, *blocks, LayerSpec(FinalNormPipe, config, tp), head]
 
 
@@ -128,7 +134,7 @@ class GPTModel(nn.Module):
         recompute = self.recompute if (self.training and kv_cache is None) else None
         block, group = 0, []  # group: transformer layers waiting to run as one checkpoint
         for forward_fn, module in self._calls:
-            if recompute is not None and isinstance(module, TransformerLayerPipe):
+            if recompute is not None and isinstance(module, BLOCKS):
                 group.append(module)
                 if len(group) == recompute.num_layers:
                     x, group = recompute(_run_layers(group), *x), []
@@ -137,10 +143,10 @@ class GPTModel(nn.Module):
                 x, group = recompute(_run_layers(group), *x), []
             if forward_fn is not None:
                 x = forward_fn(module, x)
-            elif isinstance(module, TransformerLayerPipe) and kv_cache is not None:
+            elif isinstance(module, BLOCKS) and kv_cache is not None:
                 hidden, pos, m = x
-                x = (TransformerLayer.forward(module, hidden, pos, unpack_mask(m),
-                                              kv_cache.layer(block)), pos, m)
+                run = MambaLayer.forward if isinstance(module, MambaLayer) else TransformerLayer.forward
+                x = (run(module, hidden, pos, unpack_mask(m), kv_cache.layer(block)), pos, m)
                 block += 1
             else:
                 x = module(x)
@@ -178,5 +184,5 @@ def build_pipeline_model(config, topology, partition_method: str,
         activation_checkpoint_interval=recompute.num_layers if recompute is not None else 0,
         activation_checkpoint_func=recompute if recompute is not None else Recompute(1, tp),
         # the embedding layer must not be checkpointed (its int inputs carry no grad)
-        checkpointable_layers=["TransformerLayerPipe"],
+        checkpointable_layers=["TransformerLayerPipe", "MambaLayerPipe"],
     )

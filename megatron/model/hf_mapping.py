@@ -1,5 +1,5 @@
 """Our canonical weights + ModelConfig as a Hugging Face causal LM and back: the registry of the
-architectures HF can hold (GPTNeoX, Llama, Mixtral) and the dispatch between them.
+architectures HF can hold (GPTNeoX, Llama, Mixtral, Mamba) and the dispatch between them.
 
     name = architecture_for(config)                      # "neox" or "llama" (ValueError: why not)
     model = to_hf_model(canonical, config)               # GPTNeoXForCausalLM / LlamaForCausalLM
@@ -7,10 +7,10 @@ architectures HF can hold (GPTNeoX, Llama, Mixtral) and the dispatch between the
     canonical, config = canonical_from_hf(state_dict, hf_cfg)           # the inverse
     name, config = hf_model_config(hf_cfg)                              # config only
 
-One module per architecture (hf_neox.py, hf_llama.py, hf_mixtral.py) says what corresponds to what and lists
-what its HF class cannot express. HF's vocab_size is our padded vocabulary (the rows the model
-embeds), so the logits match column for column. Needs `transformers`
-(requirements/requirements-hf.txt).
+One module per architecture (hf_neox.py, hf_llama.py, hf_mixtral.py, hf_mamba.py) says what
+corresponds to what and lists what its HF class cannot express. HF's vocab_size is our padded
+vocabulary (the rows the model embeds), so the logits match column for column. Needs
+`transformers` (requirements/requirements-hf.txt).
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ import torch
 from megatron.model.config import ModelConfig
 
 ARCHITECTURES = {"neox": "megatron.model.hf_neox", "llama": "megatron.model.hf_llama",
-                 "mixtral": "megatron.model.hf_mixtral"}
+                 "mixtral": "megatron.model.hf_mixtral", "mamba": "megatron.model.hf_mamba"}
 HF_CLASSES = {"neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM",
-              "mixtral": "MixtralForCausalLM"}
+              "mixtral": "MixtralForCausalLM", "mamba": "MambaForCausalLM"}
 # a reward model (ModelConfig.value_head): the same body with a one-label `score` head
 HF_REWARD_CLASSES = {"neox": "GPTNeoXForSequenceClassification",
                      "llama": "LlamaForSequenceClassification",
                      "mixtral": "MixtralForSequenceClassification"}
-_TITLES = {"neox": "GPTNeoX", "llama": "Llama", "mixtral": "Mixtral"}
+_TITLES = {"neox": "GPTNeoX", "llama": "Llama", "mixtral": "Mixtral", "mamba": "Mamba"}
 
 
 def mapping_module(name: str):
@@ -45,13 +45,17 @@ def mapping_module(name: str):
 def unsupported(config: ModelConfig, name: str = "neox") -> list[str]:
     """Reasons the HF architecture `name` cannot hold this model (empty when it can)."""
     module, title, out = mapping_module(name), _TITLES.get(name, name), []
+    if config.value_head and name not in HF_REWARD_CLASSES:
+        out.append(f"a value head (reward model): {title} has no sequence classifier mapped")
+    if config.moe_num_experts > 1 and not getattr(module, "MIXTURE_OF_EXPERTS", False):
+        out.append(f"moe_num_experts {config.moe_num_experts} ({title} has dense MLPs only)")
+    if getattr(module, "STATE_SPACE", False):  # no attention: the module says what it holds
+        return out + module.unsupported(config)
     if config.pos_emb != "rotary":
         out.append(f"pos_emb {config.pos_emb!r} ({title} has rotary only)")
     if any(t != "global" for t in config.attention_types):
         out.append(f"attention types {sorted(set(config.attention_types))} ({title}: global "
                    "only)")
-    if config.moe_num_experts > 1 and not getattr(module, "MIXTURE_OF_EXPERTS", False):
-        out.append(f"moe_num_experts {config.moe_num_experts} ({title} has dense MLPs only)")
     return out + module.unsupported(config)
 
 
@@ -125,6 +129,8 @@ def to_hf_model(canonical: dict[str, torch.Tensor], config: ModelConfig,
     if config.value_head:
         extra = {**extra, "num_labels": 1}
     hf_cfg = hf_config(config, eos_token_id, name, **extra)
+    if getattr(mapping_module(name), "STATE_SPACE", False):
+        attn_implementation = "eager"  # no attention to implement
     hf_cfg._attn_implementation = attn_implementation
     with _no_random_init():
         model = getattr(transformers, hf_class_name(config, name))(hf_cfg)
@@ -165,8 +171,15 @@ def hf_model_config(hf_cfg) -> tuple[str, ModelConfig]:
     if model_type not in by_type:
         raise ValueError(f"Hugging Face model_type {model_type!r} cannot be converted; supported: "
                          f"{', '.join(f'{t} ({HF_CLASSES[n]})' for t, n in by_type.items())}")
+    module = mapping_module(by_type[model_type])
+    if hasattr(module, "model_config"):  # a whole config of its own (no attention)
+        config, problems = module.model_config(hf_cfg)
+        if problems:
+            raise ValueError(f"the Hugging Face {model_type} model uses what our model does "
+                             "not implement: " + "; ".join(problems))
+        return by_type[model_type], config
     theta, _, rope_type = rope_of(hf_cfg)
-    own, problems = mapping_module(by_type[model_type]).model_fields(hf_cfg)
+    own, problems = module.model_fields(hf_cfg)
     if rope_type != "default":
         problems.insert(0, f"rope_type {rope_type!r} (only 'default' rotary is supported)")
     if problems:

@@ -52,6 +52,8 @@ def _make(name: str, std: float, num_layers: int, hidden_size: int) -> InitFn:
     makers: dict[str, Callable[[], InitFn]] = {
         "normal": lambda: _normal(std),
         "scaled_normal": lambda: _normal(scaled),
+        # GPT-NeoX's for Mamba: one residual branch per layer, N(0, std / sqrt(num_layers))
+        "single_residual_scaled_normal": lambda: _normal(std / math.sqrt(num_layers)),
         "orthogonal": lambda: _orthogonal(1.0),
         "scaled_orthogonal": lambda: _orthogonal(1.0 / math.sqrt(2.0 * num_layers)),
         "xavier_uniform": lambda: _xavier(True),
@@ -65,7 +67,7 @@ def _make(name: str, std: float, num_layers: int, hidden_size: int) -> InitFn:
 
 
 INIT_METHODS = ("normal", "scaled_normal", "orthogonal", "scaled_orthogonal", "xavier_uniform",
-                "xavier_normal", "small_init", "wang_init")
+                "xavier_normal", "small_init", "wang_init", "single_residual_scaled_normal")
 
 
 def init_methods(config) -> tuple[InitFn, InitFn]:

@@ -4,7 +4,8 @@
 (this rank's KV heads under tensor parallelism) and an optional key-padding mask [b, max_len]
 (True = a real token) for batches of prompts of different lengths, left-padded.
 A forward pass over s new tokens writes positions [length, length + s) of every layer, then
-`advance(s)` moves the length on.
+`advance(s)` moves the length on. Mamba layers (`mamba_layers`) keep no keys or values but a
+recurrent state of fixed size (megatron/model/mamba.py's MambaState).
 """
 
 from __future__ import annotations
@@ -29,6 +30,16 @@ class LayerCache:
     def offset(self) -> int:
         return self.cache.length
 
+    def mamba_state(self):
+        """This Mamba layer's convolution and scan state (empty before the prompt)."""
+        return self.cache.states[self.layer]
+
+    def keep(self, steps: int) -> torch.Tensor | None:
+        """The key-padding mask of the next `steps` positions ([b, steps], True = a real
+        token), or None without padding."""
+        c = self.cache
+        return None if c.key_padding is None else c.key_padding[:, c.length:c.length + steps]
+
     def update(self, k: torch.Tensor, v: torch.Tensor):
         """Store k, v [b, kv, s, d] after the cached prefix; return all keys and values so far
         and the key-padding mask over them ([b, L] or None)."""
@@ -48,10 +59,17 @@ class KVCache:
 
     def __init__(self, num_layers: int, batch: int, max_len: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 key_padding: torch.Tensor | None = None):
+                 key_padding: torch.Tensor | None = None, mamba_layers: frozenset[int] = frozenset()):
+        from megatron.model.mamba import MambaState
+
         shape = (batch, kv_heads, max_len, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+        def zeros(i):
+            return None if i in mamba_layers else torch.zeros(shape, dtype=dtype, device=device)
+
+        self.keys = [zeros(i) for i in range(num_layers)]
+        self.values = [zeros(i) for i in range(num_layers)]
+        self.states = {i: MambaState() for i in mamba_layers}
         self.max_len = max_len
         self.length = 0
         self.key_padding = key_padding  # [b, max_len] bool, True = real token

@@ -22,6 +22,7 @@ from megatron.model.activations import GATED
 # class names of the layer specs (megatron/model/gpt.py build_layer_specs), which DeepSpeed's
 # "type:<regex>" partition method matches
 EMBEDDING, BLOCK, FINAL_NORM, HEAD = "EmbeddingPipe", "TransformerLayerPipe", "FinalNormPipe", "LMHead"
+MAMBA = "MambaLayerPipe"
 VALUE_HEAD = "ValueHead"
 
 
@@ -59,6 +60,20 @@ def mlp_params(config, tp: int = 1, moe: bool = False, ep: int = 1) -> int:
     return count + (up_rows + h if config.use_bias_in_mlp else 0)
 
 
+def mamba_params(config, tp: int = 1) -> int:
+    """One Mamba layer on a rank of `tp`: its norm and mixer (megatron/model/mamba.py)."""
+    from megatron.model.mamba import CONV_WIDTH, STATE_SIZE, dt_rank
+
+    h, d, n = config.hidden_size, config.mamba_inner_size // tp, STATE_SIZE
+    r = dt_rank(h)
+    count = 2 * d * h + d * CONV_WIDTH + (r + 2 * n) * d + d * r + d + d * n + d + h * d
+    if config.mamba_use_bias_in_conv:
+        count += d
+    if config.mamba_use_bias_in_linears:
+        count += 2 * d + (r + 2 * n) + h  # in_proj (split), x_proj and out_proj (whole)
+    return norm_params(config) + count
+
+
 def block_params(config, tp: int = 1, moe: bool = False, ep: int = 1) -> int:
     """One transformer layer on a rank of `tp`: two norms, attention, MLP (or MoE)."""
     h, d = config.hidden_size, config.head_dim
@@ -74,7 +89,8 @@ def layer_kinds(config) -> list[str]:
     """The class name of each layer spec, in pipeline order."""
     head = VALUE_HEAD if getattr(config, "value_head", False) else (
         EMBEDDING if config.tied_embeddings else HEAD)
-    return [EMBEDDING, *[BLOCK] * config.num_layers, FINAL_NORM, head]
+    blocks = [MAMBA if config.is_mamba_layer(i) else BLOCK for i in range(config.num_layers)]
+    return [EMBEDDING, *blocks, FINAL_NORM, head]
 
 
 def layer_params(config, tp: int = 1, ep: int = 1) -> list[int]:
@@ -83,7 +99,8 @@ def layer_params(config, tp: int = 1, ep: int = 1) -> list[int]:
     per_kind = {EMBEDDING: embedding_params(config, tp), FINAL_NORM: norm_params(config),
                 HEAD: config.padded_vocab_size // tp * config.hidden_size,
                 VALUE_HEAD: config.hidden_size}
-    blocks = [block_params(config, tp, config.is_moe_layer(i), ep)
+    blocks = [mamba_params(config, tp) if config.is_mamba_layer(i)
+              else block_params(config, tp, config.is_moe_layer(i), ep)
               for i in range(config.num_layers)]
     kinds = layer_kinds(config)
     return [per_kind[kinds[0]], *blocks, *[per_kind[kind] for kind in kinds[-2:]]]

@@ -35,10 +35,16 @@ _SPLITS = (
     (re.compile(r"^mlp\.dense_h_to_4h\.(weight|bias)$"), 0),
     (re.compile(r"^mlp\.dense_4h_to_h\.weight$"), 1),
     (_EXPERTS, 0),  # whole experts per rank
+    # Mamba layers: channels split over ranks (megatron/model/mamba.py)
+    (re.compile(r"^mixer\.in_proj\.(weight|bias)$"), 0),
+    (re.compile(r"^mixer\.(conv1d|dt_proj)\.(weight|bias)$"), 0),
+    (re.compile(r"^mixer\.(A_log|D)$"), 0),
+    (re.compile(r"^mixer\.(x_proj|out_proj)\.weight$"), 1),
     (re.compile(r"^word_embeddings\.weight$"), 0),
     (re.compile(r"^weight$"), 0),  # the untied LM head
 )
 _GATED_UP = re.compile(r"^mlp\.dense_h_to_4h\.")  # [value; gate] blocks, each split apart
+_MAMBA_IN = re.compile(r"^mixer\.in_proj\.")  # [x; z] blocks, each split apart
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,8 @@ class Sharding:
         replicated one."""
         for pattern, dim in _SPLITS:
             if pattern.match(param_path):
-                return Split(dim, 2 if self.gated_mlp and _GATED_UP.match(param_path) else 1)
+                two = (self.gated_mlp and _GATED_UP.match(param_path)) or _MAMBA_IN.match(param_path)
+                return Split(dim, 2 if two else 1)
         return None
 
     def merge(self, per_rank: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -35,6 +35,7 @@ class Derived:
     warmup_iters: float
     attention_types: tuple[str, ...]
     intermediate_size: int
+    mamba_inner_size: int
     num_kv_heads: int
     head_dim: int
     zero_stage: int
@@ -170,6 +171,12 @@ def enabled_precision_modes(
     if bf16 and bf16.get("enabled", False) and "bf16" not in modes:
         modes.append("bf16")
     return modes
+
+
+def mamba_inner_size(hidden_size: int, intermediate_size: int | None) -> int:
+    """Channels of a Mamba layer (d_inner): intermediate_size when set, else 2 * hidden_size
+    (GPT-NeoX's rule, its expansion_factor unset)."""
+    return intermediate_size if intermediate_size else 2 * hidden_size
 
 
 def expand_attention_types(attention_config: list | None, num_layers: int) -> tuple[str, ...]:
@@ -316,6 +323,7 @@ def compute_derived(c: Mapping[str, Any], world_size: int | None = None) -> Deri
         intermediate_size=mlp_width(
             c["hidden_size"], c["intermediate_size"], c["activation"], c["mlp_multiple_of"]
         ),
+        mamba_inner_size=mamba_inner_size(c["hidden_size"], c["intermediate_size"]),
         num_kv_heads=c["num_kv_heads"] or c["num_attention_heads"],
         head_dim=c["hidden_size"] // c["num_attention_heads"],
         zero_stage=int(c["zero_optimization"].get("stage", 0)),

@@ -51,7 +51,7 @@ class Registry:
 
 INIT_METHODS = (
     "normal", "scaled_normal", "orthogonal", "scaled_orthogonal",
-    "xavier_uniform", "xavier_normal", "wang_init", "small_init",
+    "xavier_uniform", "xavier_normal", "wang_init", "small_init", "single_residual_scaled_normal",
 )
 
 GATED_ACTIVATIONS = ("geglu", "swiglu", "reglu")
@@ -66,13 +66,13 @@ REGISTRIES: dict[str, Registry] = {
             ("gelu", "relu", "silu") + GATED_ACTIVATIONS,
             ("softsign", "swish", "mish", "bilinear", "glu"),
         ),
-        Registry("init_method", INIT_METHODS, ("single_residual_scaled_normal",)),
-        Registry("output_layer_init_method", INIT_METHODS, ("single_residual_scaled_normal",)),
+        Registry("init_method", INIT_METHODS, ()),
+        Registry("output_layer_init_method", INIT_METHODS, ()),
         Registry(
             "attention_config",
-            ("global", "local", "flash"),
+            ("global", "local", "flash", "mamba"),
             ("sparse_fixed", "sparse_variable", "bigbird", "bslongformer", "gmlp", "amlp",
-             "rwkv", "mamba"),
+             "rwkv"),
         ),
         Registry("output_layer_parallelism", ("column",), ("row",)),
         Registry("lr_decay_style", ("constant", "linear", "cosine", "exponential"), ()),

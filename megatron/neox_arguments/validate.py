@@ -16,6 +16,7 @@ from .errors import ConfigError
 from .registries import REGISTRIES, check_choice
 from .sections.deepspeed import BF16_KEYS, FP16_KEYS, GRAD_ACCUM_DTYPES, NEOX_FP16_EXTRA_KEYS
 from .sections.launcher import MPI_LAUNCHERS
+from .validate_mamba import mamba_rules
 from .validate_moe import moe_rules
 from .validate_post_training import post_training_rules
 
@@ -90,10 +91,21 @@ def _choices(c: Config, world_size: int | None) -> Iterator[str]:
         )
 
 
+def _transformer_layers(c: Config) -> bool:
+    """Whether any layer is a transformer layer (attention and MLP): not all `mamba`. The
+    attention and MLP rules do not apply to a model of Mamba layers only, as in GPT-NeoX."""
+    try:
+        return set(d.expand_attention_types(c["attention_config"], c["num_layers"])) != {"mamba"}
+    except ConfigError:
+        return True  # reported by _attention
+
+
 def _heads(c: Config, world_size: int | None) -> Iterator[str]:
     h, heads, tp = c["hidden_size"], c["num_attention_heads"], c["model_parallel_size"]
     if tp < 1:
         yield f"model_parallel_size({tp}) must be at least 1."
+        return
+    if not _transformer_layers(c):
         return
     if h % heads:
         yield f"hidden_size({h}) % num_attention_heads({heads}) = {h % heads}; it must be 0."
@@ -127,7 +139,7 @@ def _shape(c: Config, world_size: int | None) -> Iterator[str]:
             f"pipe_parallel_size({c['pipe_parallel_size']}) > num_layers({c['num_layers']}); "
             "every pipeline stage needs at least one layer."
         )
-    if c["pos_emb"] == "rotary" and h % heads == 0:
+    if c["pos_emb"] == "rotary" and h % heads == 0 and _transformer_layers(c):
         rot = int(h // heads * c["rotary_pct"])
         if not 0 < c["rotary_pct"] <= 1 or rot < 2 or rot % 2:
             yield (
@@ -516,7 +528,7 @@ def _tensor_parallel_splits(c: Config, world_size: int | None) -> Iterator[str]:
     tp = c["model_parallel_size"]
     if tp < 1:
         return
-    ffn = d.mlp_width(c["hidden_size"], c["intermediate_size"], c["activation"],
+    ffn = 0 if not _transformer_layers(c) else d.mlp_width(c["hidden_size"], c["intermediate_size"], c["activation"],
                       c["mlp_multiple_of"])
     if ffn % tp:
         yield (
@@ -535,5 +547,5 @@ RULES: tuple[Callable[[Config, int | None], Iterator[str]], ...] = (
     _choices, _heads, _tensor_parallel_splits, _shape, _attention, _world, _global_num_gpus,
     _precision, _data_types, _optimizer, _intervals, _profiling, _checkpoint,
     _activation_checkpointing, _data, _launcher, _logging, _deepspeed_extra, post_training_rules,
-    moe_rules,
+    moe_rules, mamba_rules,
 )

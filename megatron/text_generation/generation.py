@@ -10,7 +10,8 @@ batches, left-padded to the longest prompt of their batch and decoded together:
     row 1:   q0  q1  q2  q3 | g0 g1 ...      positions  0 1 2 3 | 4 5 ...
 
 Padding is masked out of attention (the KV cache's key_padding, or a [b, 1, s, s] mask when
-recomputing), so a prompt gives the same tokens alone or in a batch. With the cache the prompt
+recomputing) and out of Mamba layers' states, so a prompt gives the same tokens alone or in a
+batch. With the cache the prompt
 is run once and each step feeds one token; `use_cache=False` reruns the whole sequence each step.
 A row stops at a stop id (EOD always is one), when `text_stop` says so, or after max_new_tokens.
 """
@@ -75,7 +76,9 @@ class _Decoder:
         b, longest = tokens.shape
         padded = not bool(real.all())
         if use_cache:
-            check_kv_cache_fits(model.config.num_layers, b, longest + max_new,
+            attention_layers = sum(not model.config.is_mamba_layer(i)
+                                   for i in range(model.config.num_layers))
+            check_kv_cache_fits(attention_layers, b, longest + max_new,
                                 model.config.num_kv_heads // model.tp.size,
                                 model.config.head_dim, model.dtype, model.device)
             keep = None
@@ -90,9 +93,19 @@ class _Decoder:
         if self.use_cache:
             local = self.model.forward(self.tokens, self.positions, kv_cache=self.cache)
         else:
-            mask = padded_causal_mask(self.real) if self.padded else None
-            local = self.model.forward(self.tokens, self.positions, mask)
+            local = self._recompute()
         return self.model.gather_vocab(local[:, -1])  # [b, V]
+
+    def _recompute(self) -> torch.Tensor:
+        """The model over every token so far. Mamba layers read left padding from a cache's
+        key-padding mask (attention layers from the [b, 1, s, s] mask): with them, a padded
+        batch runs through a fresh cache, so nothing is reused from the previous step."""
+        if not self.padded:
+            return self.model.forward(self.tokens, self.positions)
+        if self.model.config.has_mamba:
+            fresh = self.model.new_cache(*self.tokens.shape, key_padding=self.real)
+            return self.model.forward(self.tokens, self.positions, kv_cache=fresh)
+        return self.model.forward(self.tokens, self.positions, padded_causal_mask(self.real))
 
     def next(self, new_tokens: torch.Tensor, new_positions: torch.Tensor) -> torch.Tensor:
         """new_tokens, new_positions [b] -> logits [b, V] for the token after them."""
@@ -103,8 +116,7 @@ class _Decoder:
         self.tokens = torch.cat([self.tokens, new_tokens[:, None]], dim=1)
         self.positions = torch.cat([self.positions, new_positions[:, None]], dim=1)
         self.real = torch.cat([self.real, torch.ones_like(self.real[:, :1])], dim=1)
-        mask = padded_causal_mask(self.real) if self.padded else None
-        return self.model.gather_vocab(self.model.forward(self.tokens, self.positions, mask)[:, -1])
+        return self.model.gather_vocab(self._recompute()[:, -1])
 
 
 def generate_batch(model: InferenceModel, prompts: list[list[int]], max_new_tokens: int,

@@ -94,7 +94,9 @@ class InferenceModel:
 
     def new_cache(self, batch: int, max_len: int, key_padding: torch.Tensor | None = None
                   ) -> KVCache:
-        """A KV cache for `batch` rows of up to `max_len` positions (this rank's KV heads)."""
+        """A KV cache for `batch` rows of up to `max_len` positions (this rank's KV heads; a
+        recurrent state for Mamba layers)."""
         c = self.config
+        mamba = frozenset(i for i in range(c.num_layers) if c.is_mamba_layer(i))
         return KVCache(c.num_layers, batch, max_len, c.num_kv_heads // self.tp.size, c.head_dim,
-                       self.dtype, self.device, key_padding)
+                       self.dtype, self.device, key_padding, mamba)

@@ -9,6 +9,7 @@ from megatron.checkpointing.run import RunDescription
 from megatron.model.config import ModelConfig
 from megatron.model.fusions import fusion_paths
 from megatron.model.gpt import GPTModel, build_pipeline_model
+from megatron.model.mamba import describe as describe_mamba
 from megatron.model.moe import describe as describe_moe
 from megatron.model.recompute import Recompute, configure_activation_checkpointing
 from megatron.monitoring.logger import deepspeed_prints, get_logger, hide_foreign_deprecations
@@ -94,6 +95,12 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.derived.precision,
                                                                     torch.float32)
         log.info("%s", describe_moe(model_config, dtype, "cpu" if device == "cpu" else "cuda"))
+    if model_config.has_mamba:
+        log.info("%s", describe_mamba(model_config, "cpu" if device == "cpu" else "cuda"))
+        if args.derived.precision != "fp32" and model_config.mamba_selective_fp32_params:
+            log.info("mamba_selective_fp32_params: A and D enter the scan in fp32, their fp32 "
+                     "master copies are what the optimizer updates; DeepSpeed keeps the "
+                     "module's own copies in %s", args.derived.precision)
     if args.parallelism.checkpoint_activations:
         configure_activation_checkpointing(args.parallelism, model_config.num_layers,
                                            DeepSpeedMPU(groups))

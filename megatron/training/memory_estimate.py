@@ -27,7 +27,7 @@ the data-parallel degree and b the bytes of the run's dtype (fp32 4, bf16/fp16 2
                        for its k rows per token, the MLP's terms and the gathered input and
                        expert output (2h) over tp, plus the router's logits and probabilities
                        (2 * experts); the per-layer figure is the mean over dense and MoE
-                       layers. Attention scores
+                       layers (and over Mamba layers, `mamba_layer_bytes`). Attention scores
                        [b, heads/tp, s, s] are stored only when the math kernel runs: on CPU,
                        torch SDPA uses its fused kernel unless attention_dropout > 0 and then
                        materialises fp32 scores (softmax output, dropout output: 8 bytes + a
@@ -279,7 +279,25 @@ def layer_activation_bytes(config, mb: int, s: int, tp: int, sp: bool, e: int,
     else:
         scores = mb * (heads // tp) * s * 4
         note = "fused attention (torch SDPA flash/efficient kernel): no [s, s] scores stored"
-    return (shared // (tp if sp else 1)) + attn + mlp + scores, note
+    layer = (shared // (tp if sp else 1)) + attn + mlp + scores
+    mamba_layers = sum(config.is_mamba_layer(i) for i in range(config.num_layers))
+    if mamba_layers:  # averaged over the layers, as MoE layers are
+        layer = (layer * (config.num_layers - mamba_layers)
+                 + mamba_layer_bytes(config, sb, tp, e) * mamba_layers) // config.num_layers
+        note += "; Mamba layers: the scan's fp32 states stored"
+    return layer, note
+
+
+def mamba_layer_bytes(config, sb: int, tp: int, e: int) -> int:
+    """What a Mamba layer keeps for backward over sb tokens: its input and norm output, the
+    projections' outputs (x and z, the convolution's output and activation, dt/B/C, the gated
+    output) in the run's dtype, and in fp32 the step sizes and the scan's states and decays
+    [tokens, channels, 16] (megatron/model/mamba.py, selective_scan.py)."""
+    from megatron.model.mamba import STATE_SIZE, dt_rank
+
+    h, c = config.hidden_size, config.mamba_inner_size // tp
+    kept = sb * (2 * h + 5 * c + dt_rank(h) + 2 * STATE_SIZE) * e
+    return kept + sb * c * 4 + sb * c * STATE_SIZE * 4 * 2
 
 
 def inference_estimate(args, padded_vocab: int, tp: int, device: str, dtype_bytes: int,

@@ -323,7 +323,8 @@ def test_the_manifest_records_degrees_shape_files_and_client_state(outcomes, tmp
                                "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
                                "num_kv_heads": 4, "intermediate_size": 256,
                                "padded_vocab_size": 256, "moe_num_experts": 1,
-                               "moe_expert_interval": 1, "value_head": False}
+                               "moe_expert_interval": 1, "mamba_layers": [],
+                               "mamba_inner_size": 0, "value_head": False}
     assert manifest["client_state"] == {"consumed_train_samples": 6, "iteration": 3}
     assert {"mp_rank_00_model_states.pt", "layer_00-model_00-model_states.pt", "config.yml",
             "rng/rank_0.pt", "rng/rank_1.pt"} <= set(manifest["files"])

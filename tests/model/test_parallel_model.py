@@ -26,6 +26,11 @@ VARIANTS = {
                                 moe_aux_loss_coeff=0.1, moe_z_loss_coeff=0.01),
     "moe_topk_interval2": dict(moe_num_experts=2, moe_top_k=1, moe_router_type="topk",
                                moe_expert_interval=2, moe_aux_loss_coeff=0.1),
+    # Mamba channels split over the ranks, x_proj's partial products summed; one attention
+    # layer among them; biases everywhere a Mamba layer can have one
+    "mamba_hybrid": dict(attention_types=("mamba", "global"), mamba_inner_size=64,
+                         norm="rmsnorm", pos_emb="none", mamba_use_bias_in_linears=True,
+                         mamba_selective_scan_fusion=True),
 }
 
 

@@ -27,7 +27,8 @@ def make(world_size=None, **values):
 
 
 # Shipped files merged after a model (tiny.yml stands in for one).
-PARTIAL = {"configs/local_setup.yml", "configs/text_generation.yml", "configs/tiny_moe.yml"}
+PARTIAL = {"configs/local_setup.yml", "configs/text_generation.yml", "configs/tiny_moe.yml",
+           "configs/tiny_mamba.yml"}
 LLAMA_TRAINING = "configs/llama/train_config.yml"
 # Model files run with LLAMA_TRAINING, as GPT-NeoX's llama/README.md runs them (llemma/ files are
 # complete run configs).

@@ -20,7 +20,7 @@ def test_configs_are_found():
     assert "configs/tiny.yml" in CONFIGS and "configs/pythia/70M.yml" in CONFIGS
     assert {"configs/llama/65B.yml", "configs/llama2/codellama_34B.yml", "configs/mistral/7B.yml",
             "configs/llemma/34B.yml", "configs/post-training/tiny_dpo.yml"} <= set(CONFIGS)
-    assert len(CONFIGS) == 40
+    assert len(CONFIGS) == 41
 
 
 @pytest.mark.parametrize("name", CONFIGS)

@@ -93,3 +93,18 @@ def test_gpt_neox_reinforce_config_is_refused_saying_online_training_is_not_supp
                                           "online REINFORCE training .* use train_impl dpo, kto "
                                           "or rm on offline data"):
         NeoXArgs.from_ymls([NEOX / "post-training" / "llama3-8b-reinforce.yml"])
+
+
+@pytest.mark.parametrize("size", ["130M", "370M", "790M", "1.4B", "2.8B"])
+def test_gpt_neox_mamba_configs_load_with_their_mamba_layers(size):
+    """All five: Mamba layers only (no attention: hidden_size need not divide by the 12 heads
+    the files name), GPT-NeoX's Mamba initialisation, its fused-kernel flags, d_inner 2h."""
+    args = NeoXArgs.from_ymls([NEOX / "mamba" / f"mamba-{size}.yml"], ["num_gpus=1"])
+    m, d = args.model, args.derived
+    assert set(d.attention_types) == {"mamba"} and len(d.attention_types) == m.num_layers
+    assert d.mamba_inner_size == 2 * m.hidden_size
+    assert (m.init_method, m.output_layer_init_method) == ("small_init",
+                                                            "single_residual_scaled_normal")
+    assert m.mamba_selective_scan_fusion and m.mamba_causal_conv_fusion
+    assert m.mamba_inner_func_fusion and m.mamba_selective_fp32_params
+    assert (m.norm, m.rms_norm_epsilon, m.pos_emb) == ("rmsnorm", 1e-5, "learned")

@@ -27,6 +27,13 @@ VARIANTS = {
                     moe_router_type="topk", moe_normalize_topk=True),
     # GPT-NeoX's MoE: Sinkhorn-trained, plain top-1 (sigmoid) at inference, every other layer
     "neox_moe": dict(rotary_pct=0.25, moe_num_experts=4, moe_expert_interval=2),
+    # Hugging Face's Mamba: Mamba layers only, RMSNorm, no position embedding, tied
+    "mamba": dict(attention_types=("mamba", "mamba"), mamba_inner_size=128, norm="rmsnorm",
+                  use_bias_in_norms=False, pos_emb="none", tied_embeddings=True,
+                  mamba_selective_scan_fusion=True),
+    # a Mamba layer before an attention layer (GPT-NeoX's attention_config mixes them)
+    "mamba_hybrid": dict(attention_types=("mamba", "global"), mamba_inner_size=128,
+                         rotary_pct=0.25),
 }
 
 

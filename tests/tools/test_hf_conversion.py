@@ -297,7 +297,8 @@ def test_weights_only_checkpoint_reads_back_exactly_with_a_complete_manifest(lla
                             "num_layers": 4, "hidden_size": 128, "num_attention_heads": 4,
                             "num_kv_heads": 2, "intermediate_size": 192,
                             "padded_vocab_size": 2048, "moe_num_experts": 1,
-                            "moe_expert_interval": 1, "value_head": False}
+                            "moe_expert_interval": 1, "mamba_layers": [],
+                            "mamba_inner_size": 0, "value_head": False}
     assert (manifest.iteration, manifest.client_state) == (5, {"iteration": 5})
     assert check_files(step_dir, manifest, hash_names=manifest.files) == []
     on_disk = {p.relative_to(step_dir).as_posix() for p in step_dir.rglob("*") if p.is_file()}
@@ -479,3 +480,71 @@ def test_an_moe_model_is_refused_by_the_dense_architectures(llama_tp2, data, tmp
             "normalised top k: topk, true)") in msg
     assert architecture_for(dataclasses.replace(sinkhorn, moe_router_type="topk",
                                                 moe_normalize_topk=True)) == "mixtral"
+
+
+MAMBA_ONLY = '{attention_config: [[[mamba], 4]], use_bias_in_norms: false}\n'
+
+
+@pytest.fixture(scope="module")
+def mamba_tp2(data, tmp_path_factory):
+    """configs/tiny_mamba.yml with Mamba layers only (what Hugging Face's Mamba holds), random
+    weights, written as a tensor-parallel-2 checkpoint: (step dir, canonical, ModelConfig,
+    the config files)."""
+    root = tmp_path_factory.mktemp("mamba_ckpt")
+    (root / "mamba_only.yml").write_text(MAMBA_ONLY)
+    configs = ["configs/tiny.yml", "configs/tiny_mamba.yml", str(root / "mamba_only.yml"),
+               str(data[2])]
+    args = NeoXArgs.from_ymls(configs, ["model_parallel_size=2"])
+    tokenizer = build_tokenizer("HFTokenizer", str(args.tokenizer.vocab_file))
+    padded = padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by, 2)
+    config = model_config_from_args(args, padded)
+    canonical = random_weights(config)
+    return write_weights_checkpoint(root, 3, canonical, args, tp=2), canonical, config, configs
+
+
+def test_mamba_checkpoint_tp2_exports_to_hugging_face_mamba_and_back(mamba_tp2, tmp_path):
+    step_dir, canonical, config, configs = mamba_tp2
+    out = tmp_path / "hf"
+    assert tool("convert_neox_to_hf").main(["--input_dir", str(step_dir),
+                                            "--output_dir", str(out)]) == 0
+    tokens = batch(config.padded_vocab_size, seed=2)
+    theirs, model = hf_logits(out, tokens)
+    assert type(model).__name__ == "MambaForCausalLM"
+    assert (model.config.expand, model.config.residual_in_fp32) == (2, False)
+    assert (our_logits(config, canonical, tokens) - theirs).abs().max().item() < ATOL
+    back = tmp_path / "back"
+    assert tool("convert_hf_to_neox").main(["--hf_model", str(out), "--config_file", *configs,
+                                            "--output_dir", str(back), "--tp", "2"]) == 0
+    restored = full_weights(back / "global_step0")
+    assert restored.keys() == canonical.keys()
+    for name, tensor in canonical.items():
+        assert torch.equal(restored[name], tensor), name
+
+
+def test_mamba_checkpoint_exports_in_mamba_ssm_format(mamba_tp2, tmp_path):
+    """GPT-NeoX's convert_neox_to_mamba_ssm.py layout: config.json with mamba_ssm's
+    MambaConfig fields, pytorch_model.bin with MambaLMHeadModel's names; renamed to Hugging
+    Face's (`embedding` -> `embeddings`) the tensors give HF's Mamba our logits."""
+    from transformers import MambaConfig, MambaForCausalLM
+
+    step_dir, canonical, config, _ = mamba_tp2
+    out = tmp_path / "mamba_ssm"
+    assert tool("convert_neox_to_hf").main(["--input_dir", str(step_dir), "--output_dir",
+                                            str(out), "--architecture", "mamba_ssm"]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg == {"d_model": 128, "d_intermediate": 0, "n_layer": 4,
+                   "vocab_size": config.padded_vocab_size, "ssm_cfg": {}, "attn_layer_idx": [],
+                   "attn_cfg": {}, "rms_norm": True, "residual_in_fp32": False,
+                   "fused_add_norm": True, "pad_vocab_size_multiple": 1, "tie_embeddings": True}
+    state = torch.load(out / "pytorch_model.bin", weights_only=True)
+    assert "backbone.embedding.weight" in state and "backbone.layers.3.mixer.A_log" in state
+    hf = MambaForCausalLM(MambaConfig(
+        vocab_size=cfg["vocab_size"], hidden_size=cfg["d_model"], num_hidden_layers=cfg["n_layer"],
+        residual_in_fp32=False, tie_word_embeddings=True, layer_norm_epsilon=1e-5)).eval()
+    renamed = {k.replace("backbone.embedding.", "backbone.embeddings."): v for k, v in state.items()}
+    missing, unexpected = hf.load_state_dict(renamed, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    tokens = batch(config.padded_vocab_size, seed=3)
+    with torch.inference_mode():
+        theirs = hf(tokens).logits
+    assert (our_logits(config, canonical, tokens) - theirs).abs().max().item() < ATOL

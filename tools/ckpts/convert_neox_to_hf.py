@@ -1,7 +1,10 @@
 #!/usr/bin/env python
 """Export a checkpoint (any tensor/pipeline-parallel layout, any ZeRO stage) as a Hugging Face
 model directory: GPTNeoXForCausalLM for GPT-NeoX/Pythia-style models, LlamaForCausalLM for
-Llama-style ones (RMSNorm, gated MLP, rotary on whole heads, grouped-query attention allowed).
+Llama-style ones (RMSNorm, gated MLP, rotary on whole heads, grouped-query attention allowed),
+MixtralForCausalLM for Llama-style mixtures of experts, MambaForCausalLM for Mamba models; or
+with --architecture mamba_ssm a Mamba model in the mamba_ssm package's format (config.json and
+pytorch_model.bin, as GPT-NeoX's convert_neox_to_mamba_ssm.py writes).
 
     python tools/ckpts/convert_neox_to_hf.py --input_dir checkpoints/tiny/global_step200 \
         --config_file configs/tiny.yml --output_dir hf/tiny
@@ -38,7 +41,7 @@ def main(argv=None) -> int:
     parser.add_argument("--output_dir", default=None,
                         help="Hugging Face model directory to write (default: "
                              "<save>/hf/global_step<N>, beside the checkpoint)")
-    parser.add_argument("--architecture", default="auto", choices=["auto", "neox", "llama"])
+    parser.add_argument("--architecture", default="auto", choices=["auto", "neox", "llama", "mixtral", "mamba", "mamba_ssm"])
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     args = parser.parse_args(argv)
 

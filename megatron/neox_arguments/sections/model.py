@@ -148,6 +148,30 @@ class ModelArgs:
         "rounds the result back (what a bf16 kernel computes, faster on CPUs without AMX), "
         "native uses torch's low-precision kernels, auto is fp32 unless the CPU has AMX.",
     )
+    mamba_selective_scan_fusion: bool = option(
+        False,
+        "Mamba layers: the fast selective scan (mamba_ssm's CUDA kernel where installed, else "
+        "the chunked torch scan) instead of the step-by-step reference.",
+    )
+    mamba_causal_conv_fusion: bool = option(
+        False,
+        "Mamba layers: causal_conv1d's CUDA kernel for the short convolution where installed "
+        "(else torch's conv1d, as without it).",
+    )
+    mamba_inner_func_fusion: bool = option(
+        False,
+        "Mamba layers: mamba_ssm's fused block (projections, convolution and scan in one "
+        "kernel) where installed; else the scan and convolution as the two flags above say.",
+    )
+    mamba_selective_fp32_params: bool = option(
+        True,
+        "Mamba layers: A_log and D in fp32 for the scan (see docs/train.md, Mamba, for what "
+        "DeepSpeed keeps in bf16/fp16 runs).",
+    )
+    mamba_use_bias_in_conv: bool = option(True, "Mamba layers: a bias in the convolution.")
+    mamba_use_bias_in_linears: bool = option(
+        False, "Mamba layers: biases in the input, state (x_proj) and output projections."
+    )
     moe_num_experts: int = option(
         1,
         "Experts in each mixture-of-experts layer; 1 (the default) means none: every layer "
