@@ -18,8 +18,11 @@ def windows():
     return out
 
 
-def test_scores_do_not_depend_on_the_batch_size():
-    model, _ = small_model()
+@pytest.mark.parametrize("variant", ["neox", "mamba_hybrid"])
+def test_scores_do_not_depend_on_the_batch_size(variant):
+    """Windows of different lengths share a batch (padded after their tokens); a model with a
+    Mamba layer, whose state runs along the sequence, scores them as alone too."""
+    model, _ = small_model(variant)
     one = score_windows(model, windows(), batch_size=1)
     many = score_windows(model, windows(), batch_size=4)
     assert [g for _, g in one] == [g for _, g in many]
