@@ -188,6 +188,8 @@ class MambaMixer(nn.Module):
         dt, b_, c_ = torch.split(x_dbl, [self.dt_rank, STATE_SIZE, STATE_SIZE], dim=-1)
         dt = F.linear(dt, self.dt_proj.weight).transpose(1, 2)  # [b, d, s], bias in the scan
         b_, c_ = b_.transpose(1, 2), c_.transpose(1, 2)  # [b, n, s]
+        # the scans read [b, d, s] along s: contiguous rows are several times faster there
+        dt, b_, c_, z = (t.contiguous() for t in (dt, b_, c_, z))
         a = -torch.exp(self.A_log.float())
         d_skip = self.D.float()
         if state is not None and state.ssm is not None and x.shape[-1] == 1:
@@ -195,8 +197,8 @@ class MambaMixer(nn.Module):
                                             c_[..., 0], d_skip, z[..., 0],
                                             dt_bias=self.dt_proj.bias).unsqueeze(-1)
         elif state is None and scan_path == "mamba_ssm selective_scan":
-            y = kernel_scan(x.contiguous(), dt.contiguous(), a, b_.contiguous(), c_.contiguous(),
-                            d_skip, z.contiguous(), self.dt_proj.bias.float(), True)
+            y = kernel_scan(x.contiguous(), dt, a, b_, c_, d_skip, z, self.dt_proj.bias.float(),
+                            True)
         else:
             method = "reference" if scan_path == "reference scan" else "chunked"
             out = scan.selective_scan(x, dt, a, b_, c_, d_skip, z, self.dt_proj.bias,
