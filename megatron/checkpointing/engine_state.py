@@ -217,9 +217,10 @@ def load_engine_state(engine, root: Path, tag: str, module_only: bool, load_opti
             "that one. Point `latest` at the checkpoint to load, or load the optimizer state")
     bf16_wrapper = optimizer_layouts.is_bf16_wrapper(ds.optimizer)
     configured = _settings(ds.optimizer)
-    path, _ = ds.load_checkpoint(str(root), tag=tag, load_module_only=module_only,
-                                 load_optimizer_states=load_optimizer and not bf16_wrapper,
-                                 load_lr_scheduler_states=load_lr_schedule)
+    with torch.no_grad():  # (its pipeline load broadcasts tied weights in place)
+        path, _ = ds.load_checkpoint(str(root), tag=tag, load_module_only=module_only,
+                                     load_optimizer_states=load_optimizer and not bf16_wrapper,
+                                     load_lr_scheduler_states=load_lr_schedule)
     if path is None:
         raise CheckpointError(f"DeepSpeed could not load checkpoint {root / tag}; see its log "
                               "above")

@@ -176,13 +176,17 @@ def build_pipeline_model(config, topology, partition_method: str,
     """
     from deepspeed.pipe import PipelineModule
 
-    return PipelineModule(
-        layers=build_layer_specs(config, tp),
-        topology=topology,
-        loss_fn=loss_fn if loss_fn is not None else LMLoss(tp),
-        partition_method=partition_method,
-        activation_checkpoint_interval=recompute.num_layers if recompute is not None else 0,
-        activation_checkpoint_func=recompute if recompute is not None else Recompute(1, tp),
-        # the embedding layer must not be checkpointed (its int inputs carry no grad)
-        checkpointable_layers=["TransformerLayerPipe", "MambaLayerPipe"],
-    )
+    # no_grad: DeepSpeed broadcasts tied weights (the embedding and a tied head on other stages)
+    # in place while building the module; under autograd that records a broadcast node the
+    # backward then warns about on every rank
+    with torch.no_grad():
+        return PipelineModule(
+            layers=build_layer_specs(config, tp),
+            topology=topology,
+            loss_fn=loss_fn if loss_fn is not None else LMLoss(tp),
+            partition_method=partition_method,
+            activation_checkpoint_interval=recompute.num_layers if recompute is not None else 0,
+            activation_checkpoint_func=recompute if recompute is not None else Recompute(1, tp),
+            # the embedding layer must not be checkpointed (its int inputs carry no grad)
+            checkpointable_layers=["TransformerLayerPipe", "MambaLayerPipe"],
+        )
