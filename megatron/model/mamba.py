@@ -37,6 +37,7 @@ Incremental decoding keeps, per layer, the last 4 inputs of the convolution and 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -69,9 +70,10 @@ class MambaState:
     ssm: torch.Tensor | None = None
 
 
+@functools.cache
 def _kernels() -> tuple:
     """(mamba_ssm's selective_scan_fn, causal_conv1d's causal_conv1d_fn), None where not
-    installed."""
+    installed (looked up once: a failed import is not cached by Python)."""
     try:
         from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
     except ImportError:
