@@ -41,10 +41,12 @@ def _steps(rank, world, par, fused=False):
     from megatron.model.recompute import Recompute, configure_activation_checkpointing
     from megatron.mpu.deepspeed_adapter import DeepSpeedMPU
     from megatron.mpu.groups import ProcessGroups
+    from megatron.mpu.initialize import disable_deepspeed_shm_allreduce
     from megatron.mpu.topology import Topology
 
     import deepspeed
 
+    disable_deepspeed_shm_allreduce()
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     groups = ProcessGroups.build(Topology(tp=world, pp=1, dp=1))
     tp = groups.tensor_parallel(seed=1234)

@@ -82,8 +82,10 @@ def _stage_params(rank: int, world: int, config, pp: int, methods):
     import deepspeed
 
     from megatron.mpu.groups import ProcessGroups
+    from megatron.mpu.initialize import disable_deepspeed_shm_allreduce
     from megatron.mpu.topology import Topology
 
+    disable_deepspeed_shm_allreduce()
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
     topology = Topology.from_world(world, 1, pp)
     tp = ProcessGroups.build(topology).tensor_parallel(1234)
