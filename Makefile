@@ -42,8 +42,9 @@ data: install
 train: install data
 	$(PY) deepy.py train.py configs/tiny.yml
 
+# --durations: the slowest tests are listed at the end, to keep the suite's time in view
 test: install-dev
-	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS) tests
 
 # The GPU tier: tests marked gpu, on the CUDA device DeepSpeed finds (skipped without one).
 test-gpu:

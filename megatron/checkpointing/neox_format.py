@@ -65,6 +65,7 @@ _RENAMES = (
 )
 _DROPPED = re.compile(r"(^|\.)(inv_freq|_extra_state)$")
 _NORMS = re.compile(r"(^|\.)(input_layernorm|post_attention_layernorm|norm|qk_layernorm)\.\w+$")
+_NO_WEIGHT_DECAY = re.compile(r"(^|\.)mixer\.(A_log|D)$")  # marked _no_weight_decay
 _OURS = {  # what each kind of our layers holds (parameter paths)
     "embedding": {"word_embeddings.weight", "position_embeddings.weight"},
     "transformer": {f"{m}.{p}" for m in ("input_layernorm", "post_attention_layernorm")
@@ -171,8 +172,8 @@ def _precision(ds_config: dict) -> str:
 
 def _shape(args: dict, configured: bool, step_dir: Path, names, first: dict, tp: int) -> dict:
     """The manifest's shape keys: from the saved configs (`configured`) and the args GPT-NeoX
-    stores; None where they say nothing (fill_from_run completes them); the vocabulary from
-    the embedding itself."""
+    stores; None where they say nothing (fill_from_run completes them); the vocabulary and the
+    Mamba blocks from the tensors of tensor rank 0 themselves."""
     from megatron.neox_arguments.derived import mlp_width
 
     heads, hidden = args.get("num_attention_heads"), args.get("hidden_size")
@@ -181,17 +182,19 @@ def _shape(args: dict, configured: bool, step_dir: Path, names, first: dict, tp:
         intermediate = mlp_width(hidden, args.get("intermediate_size"),
                                  args.get("activation", "gelu"), args.get("mlp_multiple_of", 1))
         kv = args.get("num_kv_heads") or heads
+    layers = _rank_tensors(step_dir, names, 0) if any(map(_LAYER_FILE.match, names)) else {}
+    if not layers:  # sequential: the module in the model file already read
+        for key, tensor in (first.get("module") or {}).items():
+            layer, path = _split_name(key, step_dir / model_file(0))
+            layers.setdefault(layer, {})[path] = tensor
+    table = layers.get(0, {}).get("word_embeddings.weight")
+    # Mamba blocks (GPT-NeoX layer index - 2) from the tensors themselves: their mixer
+    mamba = sorted(i - 2 for i, tensors in layers.items() if "mixer.D" in tensors)
     return {"num_layers": args.get("num_layers"), "hidden_size": hidden,
             "num_attention_heads": heads, "num_kv_heads": kv, "intermediate_size": intermediate,
-            "padded_vocab_size": _embedding_rows(step_dir, names, first, tp)}
-
-
-def _embedding_rows(step_dir: Path, names, first: dict, tp: int) -> int | None:
-    layers = _rank_tensors(step_dir, names, 0) if any(map(_LAYER_FILE.match, names)) else {
-        0: {k.split(".", 2)[-1]: v for k, v in (first.get("module") or {}).items()
-            if k.startswith("sequential.0.")}}
-    table = layers.get(0, {}).get("word_embeddings.weight")
-    return None if table is None else int(table.shape[0]) * tp
+            "padded_vocab_size": None if table is None else int(table.shape[0]) * tp,
+            "mamba_layers": mamba,
+            "mamba_inner_size": int(layers[mamba[0] + 2]["mixer.D"].shape[0]) * tp if mamba else 0}
 
 
 def _optimizer_note(step_dir: Path, first: dict, run: dict, names) -> str | None:
@@ -509,13 +512,14 @@ def _slice_indexes(step_dir: Path, manifest: Manifest, s: int) -> list[dict]:
 
 def _torch_groups(layers: dict[int, dict], saved: dict) -> list[list] | None:
     """[[name, shape], ...] per group of the torch optimizer GPT-NeoX built for these layers
-    (get_params_for_weight_decay_optimization: modules in order; norms' parameters and biases
-    in the no-decay group, the rest in the decay group; one group when weight_decay was 0), or
-    None when that order does not fit the saved groups' sizes and state shapes."""
+    (get_params_for_weight_decay_optimization: modules in order; norms' parameters, biases and
+    the parameters it marks _no_weight_decay (Mamba's A_log, D) in the no-decay group, the rest
+    in the decay group; one group when weight_decay was 0), or None when that order does not
+    fit the saved groups' sizes and state shapes."""
     params = [(f"{i}.{p}", tuple(t.shape)) for i, state in sorted(layers.items())
               for p, t in state.items() if not _DROPPED.search(p)]
     no_decay = [(n, s) for n, s in params if n.rsplit(".", 1)[-1] == "bias"
-                or _NORMS.search(n)]
+                or _NORMS.search(n) or _NO_WEIGHT_DECAY.search(n)]
     decay = [item for item in params if item not in no_decay]
     groups = [decay, no_decay] if len(saved["param_groups"]) == 2 else [params]
     sizes = [len(g["params"]) for g in saved["param_groups"]]

@@ -104,6 +104,15 @@ class ModelConfig:
         return self.attention_types[layer_number]
 
 
+def norm_bias(norm: str, use_bias_in_norms: bool | None) -> bool:
+    """Whether norm layers get a bias. GPT-NeoX declares `use_bias_in_norms` but builds its
+    LayerNorm with a bias and its RMSNorm and ScaleNorm without, whatever the key says; unset,
+    this framework does the same, and a value set is honoured."""
+    if use_bias_in_norms is None:
+        return norm == "layernorm"
+    return use_bias_in_norms
+
+
 def model_config_from_args(args, padded_vocab_size: int) -> ModelConfig:
     """Resolve the run config's model section (and its derived values) into a `ModelConfig`."""
     m, d = args.model, args.derived
@@ -127,7 +136,7 @@ def model_config_from_args(args, padded_vocab_size: int) -> ModelConfig:
         tied_embeddings=not m.no_weight_tying,
         gpt_j_residual=m.gpt_j_residual,
         gpt_j_tied=m.gpt_j_tied,
-        use_bias_in_norms=m.use_bias_in_norms,
+        use_bias_in_norms=norm_bias(m.norm, m.use_bias_in_norms),
         use_bias_in_attn_linear=m.use_bias_in_attn_linear,
         use_bias_in_mlp=m.use_bias_in_mlp,
         hidden_dropout=m.hidden_dropout,

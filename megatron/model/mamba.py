@@ -147,6 +147,8 @@ class MambaMixer(nn.Module):
         self.A_log = nn.Parameter(torch.log(a))
         self.D = nn.Parameter(torch.ones(local))
         self.A_log._no_weight_decay = self.D._no_weight_decay = True  # GPT-NeoX's marks
+        if config.mamba_selective_fp32_params:  # kept fp32 in bf16/fp16 runs (precision.py)
+            self.A_log.keep_fp32 = self.D.keep_fp32 = True
         self.out_proj = RowParallelLinear(d, h, out_init_fn, gen, tp, bias=bias,
                                           fp32_products=fp32)
         if tp.enabled:

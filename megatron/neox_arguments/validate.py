@@ -84,11 +84,34 @@ def _choices(c: Config, world_size: int | None) -> Iterator[str]:
             re.compile(method[len("type:"):])
         except re.error as e:
             yield f"pipe_partition_method '{method}' has an invalid regex after 'type:': {e}."
+        else:
+            yield from _partition_matches(c, method)
     elif method not in ("parameters", "uniform"):
         yield (
             f"pipe_partition_method '{method}' is not valid; use parameters, uniform or "
             "type:<regex> (e.g. type:transformer)."
         )
+
+
+# the class of each kind of block in the pipeline (megatron/model/gpt.py, mamba.py)
+BLOCK_CLASSES = {"transformer": "TransformerLayerPipe", "mamba": "MambaLayerPipe"}
+
+
+def _partition_matches(c: Config, method: str) -> Iterator[str]:
+    """DeepSpeed's pipeline balances `type:<regex>` over the layers whose class name the regex
+    finds (any case) and fails inside every worker when it finds none: name the blocks."""
+    if c["pipe_parallel_size"] < 1:
+        return
+    try:
+        types = set(d.expand_attention_types(c["attention_config"], c["num_layers"]))
+    except ConfigError:
+        return  # reported by _attention
+    kinds = sorted({"mamba" if t == "mamba" else "transformer" for t in types}, reverse=True)
+    pattern = re.compile(method[len("type:"):], re.IGNORECASE)
+    if not any(pattern.search(BLOCK_CLASSES[k]) for k in kinds):
+        yield (f"pipe_partition_method '{method}' matches none of this model's blocks "
+               f"({', '.join(BLOCK_CLASSES[k] for k in kinds)}), so the pipeline stages cannot "
+               f"be balanced by it: use type:{'|'.join(kinds)} or parameters.")
 
 
 def _transformer_layers(c: Config) -> bool:

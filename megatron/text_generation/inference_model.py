@@ -18,6 +18,7 @@ from megatron.model.config import ModelConfig
 from megatron.model.gpt import GPTModel
 from megatron.model.kv_cache import KVCache
 from megatron.model.partition import Sharding
+from megatron.model.precision import to_dtype
 from megatron.mpu.groups import NO_TP, TensorParallel
 from megatron.mpu.mappings import gather_from_tensor_parallel
 
@@ -53,7 +54,7 @@ class InferenceModel:
         model = GPTModel(config, tp)
         state = Sharding.for_model(config).shard_model(canonical, tp)
         model.load_state_dict(state, strict=True)
-        model.to(device=device, dtype=dtype)
+        to_dtype(model, dtype, device)  # Mamba's A and D stay fp32 where marked
         return cls(model, tp, trained, trained if token_limit is None else token_limit)
 
     @property

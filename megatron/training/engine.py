@@ -10,6 +10,7 @@ from megatron.model.config import ModelConfig
 from megatron.model.fusions import fusion_paths
 from megatron.model.gpt import GPTModel, build_pipeline_model
 from megatron.model.mamba import describe as describe_mamba
+from megatron.model.precision import kept_in_fp32
 from megatron.model.moe import describe as describe_moe
 from megatron.model.recompute import Recompute, configure_activation_checkpointing
 from megatron.monitoring.logger import deepspeed_prints, get_logger, hide_foreign_deprecations
@@ -20,6 +21,7 @@ from megatron.mpu.layers import sync_sequence_parallel_grads
 from megatron.mpu.products import describe as describe_products
 from megatron.mpu.topology import Topology
 from megatron.training import expert_parallel
+from megatron.training.fp32_params import fp32_through_engine_cast
 from megatron.training.learning_rates import AnnealingLR, lr_schedule
 from megatron.training.objectives import Objective, build_objective
 from megatron.training.optimizers import build_optimizer, state_keys
@@ -97,10 +99,6 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
         log.info("%s", describe_moe(model_config, dtype, "cpu" if device == "cpu" else "cuda"))
     if model_config.has_mamba:
         log.info("%s", describe_mamba(model_config, "cpu" if device == "cpu" else "cuda"))
-        if args.derived.precision != "fp32" and model_config.mamba_selective_fp32_params:
-            log.info("mamba_selective_fp32_params: A and D enter the scan in fp32, their fp32 "
-                     "master copies are what the optimizer updates; DeepSpeed keeps the "
-                     "module's own copies in %s", args.derived.precision)
     if args.parallelism.checkpoint_activations:
         configure_activation_checkpointing(args.parallelism, model_config.num_layers,
                                            DeepSpeedMPU(groups))
@@ -120,7 +118,12 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
                                 args.optimizer.optimizer.get("params", {}), args.optimizer.weight_decay,
                                 expert_group)
     schedule = lr_schedule(args)
-    with deepspeed_prints():  # its bf16 optimizer prints memory usage 6 times: debug lines
+    kept = len(kept_in_fp32(model))
+    if kept and args.derived.precision != "fp32":
+        log.info("mamba_selective_fp32_params: %d Mamba parameters (A_log, D) stay fp32 in this "
+                 "%s run, in optimizer groups of their own", kept, args.derived.precision)
+    # deepspeed_prints: its bf16 optimizer prints memory usage 6 times, as debug lines
+    with deepspeed_prints(), fp32_through_engine_cast(model):
         engine, _, _, _ = deepspeed.initialize(
             model=model,
             optimizer=optimizer,

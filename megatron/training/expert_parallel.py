@@ -76,20 +76,6 @@ def _marker(num_experts: int, ep: int, name: str) -> torch.nn.Module:
     return _DeepSpeedMoEMarker()
 
 
-def split_param_groups(param_groups: list[dict], name: str) -> list[dict]:
-    """Each group's expert parameters moved to a group of their own marked for DeepSpeed
-    (`moe`, `name`), with the same settings; the other groups first, as they were."""
-    dense, experts = [], []
-    for group in param_groups:
-        mine = [p for p in group["params"] if getattr(p, "expert_parallel", False)]
-        rest = [p for p in group["params"] if not getattr(p, "expert_parallel", False)]
-        if rest:
-            dense.append({**group, "params": rest})
-        if mine:
-            experts.append({**group, "params": mine, "moe": True, "name": name})
-    return dense + experts
-
-
 def expert_norm_squared(params, ep_group) -> torch.Tensor:
     """Sum of squares of the expert gradients over the expert-parallel group (each tensor rank
     counts its own experts), in fp64."""

@@ -282,22 +282,37 @@ def layer_activation_bytes(config, mb: int, s: int, tp: int, sp: bool, e: int,
     layer = (shared // (tp if sp else 1)) + attn + mlp + scores
     mamba_layers = sum(config.is_mamba_layer(i) for i in range(config.num_layers))
     if mamba_layers:  # averaged over the layers, as MoE layers are
+        bytes_, scan_note = mamba_layer_bytes(config, sb, tp, e, device)
         layer = (layer * (config.num_layers - mamba_layers)
-                 + mamba_layer_bytes(config, sb, tp, e) * mamba_layers) // config.num_layers
-        note += "; Mamba layers: the scan's fp32 states stored"
+                 + bytes_ * mamba_layers) // config.num_layers
+        note += f"; Mamba layers: {scan_note}"
     return layer, note
 
 
-def mamba_layer_bytes(config, sb: int, tp: int, e: int) -> int:
-    """What a Mamba layer keeps for backward over sb tokens: its input and norm output, the
-    projections' outputs (x and z, the convolution's output and activation, dt/B/C, the gated
-    output) in the run's dtype, and in fp32 the step sizes and the scan's states and decays
-    [tokens, channels, 16] (megatron/model/mamba.py, selective_scan.py)."""
-    from megatron.model.mamba import STATE_SIZE, dt_rank
+def mamba_layer_bytes(config, sb: int, tp: int, e: int, device: str) -> tuple[int, str]:
+    """(what a Mamba layer keeps for backward over sb tokens, which scan that assumes).
 
-    h, c = config.hidden_size, config.mamba_inner_size // tp
-    kept = sb * (2 * h + 5 * c + dt_rank(h) + 2 * STATE_SIZE) * e
-    return kept + sb * c * 4 + sb * c * STATE_SIZE * 4 * 2
+    In the run's dtype: its input, the projections' outputs (x and z halves and their
+    contiguous copies, the convolution's output, the step-size projection), dt/B/C; the inputs
+    of in_proj, x_proj and out_proj in the dtype their products run in (fp32 for bf16 on a CPU,
+    cpu_matmul_precision); in fp32, where the scan works: the step sizes before and after softplus, delta * x,
+    the scan output, the skip and the gate and their products (12 [tokens, channels] tensors);
+    then by scan (megatron/model/selective_scan.py): the reference step loop keeps the decays and
+    inputs of every step [tokens, channels, 16] in fp32; the chunked scan one state per 64-step
+    chunk; mamba_ssm's kernel recomputes its states. Fitted to the peak memory of real steps
+    (tests/training/test_memory_estimate.py)."""
+    from megatron.model.mamba import STATE_SIZE, dt_rank, paths
+
+    h, c, n = config.hidden_size, config.mamba_inner_size // tp, STATE_SIZE
+    pe = 4 if cpu_fp32_products(config, e, device) else e  # in_proj/x_proj/out_proj inputs
+    kept = (sb * (h + 6 * c + dt_rank(h) + 2 * n) * e + sb * (h + 2 * c) * pe
+            + sb * c * 4 * 12)
+    scan, _ = paths(config, "cuda" if device == "cuda" else "cpu")
+    if scan == "reference scan":
+        return kept + 2 * sb * c * n * 4, "the reference scan's fp32 decays and inputs stored"
+    if scan == "chunked torch scan":
+        return kept + sb * c * n * 4 // 64, "the chunked scan keeps one state per 64 steps"
+    return kept, "mamba_ssm's kernel recomputes its states"
 
 
 def inference_estimate(args, padded_vocab: int, tp: int, device: str, dtype_bytes: int,

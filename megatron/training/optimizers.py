@@ -18,15 +18,32 @@ import torch
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: matrices decay; biases, norm weights and other 1-D parameters do not."""
+    """Two groups: matrices decay; biases, norm weights and other 1-D parameters do not, nor
+    do parameters marked `_no_weight_decay` (GPT-NeoX's mark: Mamba's A_log and D)."""
     decay, no_decay = [], []
     for _, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        (no_decay if param.dim() < 2 else decay).append(param)
+        exempt = param.dim() < 2 or getattr(param, "_no_weight_decay", False)
+        (no_decay if exempt else decay).append(param)
     groups = [{"params": decay, "weight_decay": weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]
+
+
+def split_groups(groups: list[dict], moved: Callable[[torch.nn.Parameter], bool],
+                 **marks) -> list[dict]:
+    """Each group's parameters for which `moved` holds put in a group of their own with the
+    same settings plus `marks`, after the other groups (which keep their order)."""
+    rest_groups, own_groups = [], []
+    for group in groups:
+        own = [p for p in group["params"] if moved(p)]
+        rest = [p for p in group["params"] if not moved(p)]
+        if rest:
+            rest_groups.append({**group, "params": rest})
+        if own:
+            own_groups.append({**group, "params": own, **marks})
+    return rest_groups + own_groups
 
 
 def _fusable(groups) -> bool:
@@ -78,16 +95,18 @@ def _spec(optimizer_type: str) -> OptimizerSpec:
 def build_optimizer(model: torch.nn.Module, optimizer_type: str, params: dict,
                     weight_decay: float, expert_group: str | None = None) -> torch.optim.Optimizer:
     """The torch optimizer for `optimizer: {type, params}`; an unknown type lists the valid ones.
-    With `expert_group` (expert parallelism), the expert weights get groups of their own, marked
+    Parameters kept in fp32 under bf16/fp16 get groups of their own (fp32_params.py). With
+    `expert_group` (expert parallelism), the expert weights get groups of their own, marked
     for DeepSpeed (megatron/training/expert_parallel.py)."""
-    from megatron.training.expert_parallel import split_param_groups
-
     spec = _spec(optimizer_type)
     params = dict(params)
     params.pop("weight_decay", None)  # as in GPT-NeoX the top-level weight_decay is used
-    groups = param_groups(model, weight_decay)
-    if expert_group is not None:
-        groups = split_param_groups(groups, expert_group)
+    # parameters kept fp32 under bf16/fp16 (megatron/training/fp32_params.py)
+    groups = split_groups(param_groups(model, weight_decay),
+                          lambda p: getattr(p, "keep_fp32", False))
+    if expert_group is not None:  # marked for DeepSpeed (megatron/training/expert_parallel.py)
+        groups = split_groups(groups, lambda p: getattr(p, "expert_parallel", False), moe=True,
+                              name=expert_group)
     return spec.build(groups, params)
 
 

@@ -89,6 +89,26 @@ def gpt_neox_layers(hf, tp: int, rank: int, legacy: bool = True) -> dict[int, di
     return out
 
 
+def mamba_layers(hf, tp: int, rank: int) -> dict[int, dict[str, torch.Tensor]]:
+    """The GPT-NeoX layers of an HF MambaForCausalLM (untied), tensor-parallel 1: its
+    ParallelMambaResidualLayerPipe holds `norm` (RMSNorm: `scale`) and `mixer`, whose
+    parameters carry mamba_ssm's names, as HF's do."""
+    if tp != 1:
+        raise ValueError("GPT-NeoX's Mamba layers are only read at tensor-parallel 1")
+    m, L = hf.backbone, hf.config.num_hidden_layers
+    out = {0: {"word_embeddings.weight": m.embeddings.weight.clone()}}
+    order = ("A_log", "D", "in_proj.weight", "in_proj.bias", "conv1d.weight", "conv1d.bias",
+             "x_proj.weight", "dt_proj.weight", "dt_proj.bias", "out_proj.weight",
+             "out_proj.bias")  # ParallelMambaBlock's state_dict order
+    for i, layer in enumerate(m.layers):
+        mixer = layer.mixer.state_dict()
+        out[i + 2] = {"norm.scale": layer.norm.weight.clone()} | {
+            f"mixer.{name}": mixer[name].clone() for name in order if name in mixer}
+    out[L + 3] = {"norm.scale": m.norm_f.weight.clone()}
+    out[L + 4] = {"final_linear.weight": hf.lm_head.weight.clone()}
+    return out
+
+
 def write_neox_checkpoint(root: Path, layers_of, tp: int, shape: str, iteration: int,
                           args: dict | None = None, configs: dict[str, dict] | None = None,
                           tag: str | None = None) -> Path:
@@ -147,6 +167,8 @@ class NeoXLayer(torch.nn.Module):
                 owner.register_buffer(leaf, tensor.clone())
             else:
                 owner.register_parameter(leaf, torch.nn.Parameter(tensor.clone().float()))
+                if leaf in ("A_log", "D"):  # as GPT-NeoX's ParallelMambaBlock marks them
+                    getattr(owner, leaf)._no_weight_decay = True
 
     def forward(self, x):
         return x + 0.5 * sum((p.float() ** 2).sum() for p in self.parameters())
@@ -158,14 +180,16 @@ def _passthrough(x):
 
 def neox_weight_decay_groups(module) -> list[dict]:
     """GPT-NeoX's get_params_for_weight_decay_optimization, by its rule: modules in order; a
-    norm's parameters and every bias go without decay, the rest with it."""
+    norm's parameters, every bias and parameters marked _no_weight_decay go without decay, the
+    rest with it."""
     decay, no_decay = [], []
     for m in module.modules():
         for name, p in m._parameters.items():
             if p is None:
                 continue
             norm = type(m).__name__ in ("LayerNorm", "RMSNorm")
-            (no_decay if norm or name == "bias" else decay).append(p)
+            exempt = norm or name == "bias" or getattr(p, "_no_weight_decay", False)
+            (no_decay if exempt else decay).append(p)
     return [{"params": decay, "weight_decay": 0.0}, {"params": no_decay, "weight_decay": 0.0}]
 
 

@@ -16,8 +16,10 @@ from megatron.checkpointing.errors import CheckpointMismatchError, CorruptFileEr
 from megatron.checkpointing.locate import open_verified
 from megatron.checkpointing.reader import read_checkpoint
 from megatron.neox_arguments import NeoXArgs
-from tests.checkpointing.neox_dirs import gpt_neox_layers, llama_layers, write_neox_checkpoint
+from tests.checkpointing.neox_dirs import (gpt_neox_layers, llama_layers, mamba_layers,
+                                           write_neox_checkpoint)
 from tests.tools.test_hf_conversion import ATOL, batch, hf_gpt_neox, hf_llama, our_logits, tool
+from tests.model.test_mamba import _hf_model as hf_mamba
 
 LLAMA_CONFIG = {  # GPT-NeoX's spelling: dashes where its own configs use them
     "num-layers": 4, "hidden-size": 128, "num-attention-heads": 4, "num_kv_heads": 2,
@@ -52,7 +54,20 @@ CASES = {
     # Pythia-style: older MLP names, rotary buffers, only the args GPT-NeoX stores
     "pythia_pipeline_tp2_legacy_names": ("gpt_neox", "pipeline", 2, "args"),
     "pythia_sequential_tp1": ("gpt_neox", "sequential", 1, "args"),
+    # a Mamba model as GPT-NeoX's configs/mamba/*.yml train it (pipe_parallel_size 0), untied,
+    # no position table
+    "mamba_sequential_tp1": ("mamba", "sequential", 1, "configs"),
 }
+MAMBA_CONFIG = {  # GPT-NeoX's spelling, as its mamba-130M.yml writes it, at a tiny size
+    "num-layers": 2, "hidden-size": 64, "num-attention-heads": 4, "seq-length": 128,
+    "max-position-embeddings": 128, "pos-emb": "none", "no-weight-tying": True,
+    "attention-config": [[["mamba"], 2]], "norm": "rmsnorm", "rms_norm_epsilon": 1.0e-5,
+    "mamba_use_bias_in_conv": True, "mamba_use_bias_in_linears": False,
+    "make_vocab_size_divisible_by": 128, "pipe-parallel-size": 0, "model-parallel-size": 1}
+MAMBA_RUN = ["num_layers=2", "hidden_size=64", "num_attention_heads=4", "seq_length=128",
+             "max_position_embeddings=128", "pos_emb=none", "no_weight_tying=true",
+             "attention_config=[[[mamba], 2]]", "norm=rmsnorm", "rms_norm_epsilon=1.0e-5",
+             "pipe_partition_method=type:mamba"]
 
 
 def build(case: str, root):
@@ -60,12 +75,15 @@ def build(case: str, root):
     kind, shape, tp, saved = CASES[case]
     if kind == "llama":
         hf, layers, config = hf_llama(), llama_layers, "configs/tiny_llama.yml"
+    elif kind == "mamba":
+        hf, layers, config = hf_mamba(tie_word_embeddings=False), mamba_layers, "configs/tiny.yml"
     else:
         hf, layers, config = hf_gpt_neox(vocab=2048), gpt_neox_layers, "configs/tiny.yml"
     write_neox_checkpoint(
         root, lambda r: layers(hf, tp, r), tp, shape, iteration=30,
         args=PYTHIA_ARGS | {"model_parallel_size": tp} if saved == "args" else None,
-        configs={"llama.yml": LLAMA_CONFIG} if saved == "configs" else None,
+        configs=({"mamba.yml": MAMBA_CONFIG} if kind == "mamba" else {"llama.yml": LLAMA_CONFIG}
+                 ) if saved == "configs" else None,
         tag="0" if saved == "converter" else None)
     return hf, root, config
 
@@ -74,7 +92,8 @@ def build(case: str, root):
 def test_gpt_neox_checkpoint_reads_with_the_logits_of_the_model_it_came_from(case, paths,
                                                                              tmp_path):
     hf, root, config = build(case, tmp_path / "neox")
-    args = run_args(config, paths)
+    # a run config for a Mamba model has no pipeline (or a partition its blocks match)
+    args = run_args(config, paths, *(["pipe_parallel_size=0"] if "mamba" in case else []))
     ck = read_checkpoint(root, run_args=args)  # `latest` -> its tag; not refused as damaged
     assert ck.tensor_parallel == CASES[case][2]
     assert ck.iteration == 30
@@ -135,7 +154,7 @@ def test_gpt_neox_checkpoint_exports_to_hugging_face_with_its_saved_configs(path
         assert (exported(tokens).logits - hf(tokens).logits).abs().max().item() < ATOL
 
 
-def _train_from_deepspeed_written(rank, world, root, paths, zero_stage):
+def _train_from_deepspeed_written(rank, world, root, paths, zero_stage, kind="llama"):
     """A GPT-NeoX checkpoint saved by a real DeepSpeed engine (one Adam step on the gradient
     g = W0 of HF Llama's weights W0), loaded into this project's training engine."""
     import deepspeed
@@ -153,20 +172,28 @@ def _train_from_deepspeed_written(rank, world, root, paths, zero_stage):
 
     disable_deepspeed_shm_allreduce()
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
-    args = run_args("configs/tiny_llama.yml", paths, "num_gpus=1", f"load={root}",
-                    f"save={root}_ours", "lr_decay_style=constant", "warmup=0.0"
-                    ).with_world_size(1)
-    hf = hf_llama()
+    common = ["num_gpus=1", f"load={root}", f"save={root}_ours", "lr_decay_style=constant",
+              "warmup=0.0"]
+    if kind == "llama":
+        args = run_args("configs/tiny_llama.yml", paths, *common).with_world_size(1)
+        hf, layers, vocab = hf_llama(), llama_layers, 2048
+        saved = {"num_layers": 4, "hidden_size": 128, "num_attention_heads": 4,
+                 "padded_vocab_size": 2048, "model_parallel_size": 1}
+        configs = {"llama.yml": LLAMA_CONFIG | {"model-parallel-size": 1}}
+    else:  # the Mamba model of MAMBA_CONFIG, the run config saying the same
+        args = run_args("configs/tiny.yml", paths, *common, *MAMBA_RUN).with_world_size(1)
+        hf, layers, vocab = hf_mamba(tie_word_embeddings=False), mamba_layers, 128
+        saved = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                 "padded_vocab_size": 128, "model_parallel_size": 1}
+        configs = {"mamba.yml": MAMBA_CONFIG | {"pipe-parallel-size": 1,
+                                                "pipe-partition-method": "type:mamba"}}
     w0, _ = canonical_from_hf(hf.state_dict(), hf.config)
     schedule = lr_schedule(args)
     deepspeed_neox_checkpoint(
-        root, llama_layers(hf, 1, 0), zero_stage, iteration=5, lr=schedule.lr,
-        args={"num_layers": 4, "hidden_size": 128, "num_attention_heads": 4,
-              "padded_vocab_size": 2048, "model_parallel_size": 1},
-        configs={"llama.yml": LLAMA_CONFIG | {"model-parallel-size": 1}},
-        lr_scheduler=lambda opt: AnnealingLR(opt, schedule))
+        root, layers(hf, 1, 0), zero_stage, iteration=5, lr=schedule.lr, args=saved,
+        configs=configs, lr_scheduler=lambda opt: AnnealingLR(opt, schedule))
     topology = Topology.from_world(1, 1, args.parallelism.pipe_parallel_size)
-    engine = build_engine(args, model_config_from_args(args, 2048), ProcessGroups.build(topology))
+    engine = build_engine(args, model_config_from_args(args, vocab), ProcessGroups.build(topology))
     resumed = load_checkpoint(engine, args.checkpoint)
     ds = engine.engine
     found = {}
@@ -178,9 +205,9 @@ def _train_from_deepspeed_written(rank, world, root, paths, zero_stage):
             engine.lr_scheduler.state_dict()["num_iters"])
 
 
-@pytest.mark.parametrize("zero_stage", [0, 1])
+@pytest.mark.parametrize("zero_stage,kind", [(0, "llama"), (1, "llama"), (0, "mamba")])
 def test_deepspeed_written_gpt_neox_checkpoint_continues_training_with_its_optimizer_state(
-        zero_stage, paths, tmp_path):
+        zero_stage, kind, paths, tmp_path):
     """Continued training: iteration, LR schedule and Adam's moments come from the GPT-NeoX
     checkpoint. After one step on g = W0: exp_avg = 0.1 W0, exp_avg_sq = 0.05 W0^2 and
     W1 = W0 - lr W0 / (|W0| + eps), elementwise, so they are known in our layout from HF's
@@ -188,7 +215,7 @@ def test_deepspeed_written_gpt_neox_checkpoint_continues_training_with_its_optim
     from tests.distributed import run_distributed
 
     [(resumed, found, w0, lr, steps, num_iters)] = run_distributed(
-        _train_from_deepspeed_written, 1, tmp_path / "neox", paths, zero_stage)
+        _train_from_deepspeed_written, 1, tmp_path / "neox", paths, zero_stage, kind)
     assert resumed["iteration"] == 5 and set(resumed) == {"iteration", "loaded_from"}
     assert (steps, num_iters) == (1, 1)
     assert found.keys() == w0.keys()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from megatron.checkpointing.weights import full_weights
 from tests.checkpointing.test_resume_e2e import (assert_stop_and_resume_exact,
@@ -82,14 +83,37 @@ def test_the_reshard_tool_merges_mamba_channels_and_their_optimizer_state(
 
 
 @pytest.mark.slow
-def test_stop_and_resume_is_bitwise_identical(small_data, tmp_path):
+def test_stop_and_resume_in_bf16_is_bitwise_identical_with_a_and_d_in_fp32(small_data, tmp_path):
+    """bf16 with mamba_selective_fp32_params (GPT-NeoX's default): A_log and D stay fp32 in the
+    module, in the checkpoint and through a resume; the other weights are bf16."""
     mamba = {"attention_config": "[[[mamba, mamba, global, mamba], 1]]", "norm": "rmsnorm",
-             "pos_emb": "none", "mamba_selective_scan_fusion": "true"}
+             "pos_emb": "none", "mamba_selective_scan_fusion": "true", "bf16": "{enabled: true}"}
     reference = tmp_path / "uninterrupted"
     proc = run(small_data, reference, **mamba)
     assert proc.returncode == 0, explain(proc)
+    assert ("mamba_selective_fp32_params: 6 Mamba parameters (A_log, D) stay fp32 in this bf16 "
+            "run, in optimizer groups of their own") in proc.stderr
+    weights = full_weights(reference / "ckpt" / "global_step6")
+    for name in ("1.mixer.A_log", "1.mixer.D", "4.mixer.A_log"):
+        assert weights[name].dtype == torch.float32, name
+        trained = weights[name]  # updated in fp32: values bf16 cannot hold
+        assert not torch.equal(trained, trained.bfloat16().float()), name
+    assert weights["1.mixer.in_proj.weight"].dtype == torch.bfloat16
     assert_stop_and_resume_exact(small_data, tmp_path / "resumed",
                                  (losses_by_iteration(reference), reference / "ckpt"), **mamba)
+    # into tensor-parallel ZeRO 1 (DeepSpeed's ZeRO optimizer instead of its bf16 one): the
+    # fp32 groups and their optimizer state carry over bit for bit
+    prefix, tok = small_data
+    out = tmp_path / "tp2-zero1"
+    proc = deepy("tools/ckpts/reshard.py", "configs/tiny.yml",
+                 *tiny_overrides(prefix, tok, tmp_path, **mamba, num_gpus=2,
+                                 model_parallel_size=2, pipe_parallel_size=0,
+                                 zero_optimization="{stage: 1}", train_iters=STEPS,
+                                 load=reference / "ckpt", save=out))
+    assert proc.returncode == 0, explain(proc)
+    resharded = full_state(out)
+    assert resharded.weights["1.mixer.A_log"].dtype == torch.float32
+    assert_same_state(full_state(reference / "ckpt"), resharded)
 
 
 def test_an_attention_config_cannot_load_the_mamba_checkpoint(small_data, tmp_path, single):

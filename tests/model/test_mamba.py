@@ -65,6 +65,40 @@ def test_chunked_scan_equals_the_reference_in_the_model():
         assert torch.allclose(out[True][1][name], grad, atol=ATOL), name
 
 
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_bf16_model_keeps_a_and_d_in_fp32_as_mamba_selective_fp32_params_says(keep):
+    """Loaded for generation in bf16 (InferenceModel): A_log and D stay fp32 unless the key is
+    false; everything else is bf16; the logits follow the fp32 model's."""
+    from megatron.model.precision import kept_in_fp32
+    from megatron.training.optimizers import build_optimizer
+
+    c = config(mamba_selective_fp32_params=keep)
+    torch.manual_seed(0)
+    canonical = canonical_from_module(GPTModel(c).state_dict())
+    canonical["1.mixer.A_log"] += 1e-3  # a value bf16 cannot hold
+    model = InferenceModel.from_canonical(c, canonical, dtype=torch.bfloat16)
+    mixer = model.model.layers[1].mixer
+    want = torch.float32 if keep else torch.bfloat16
+    assert (mixer.A_log.dtype, mixer.D.dtype, mixer.in_proj.weight.dtype) == (
+        want, want, torch.bfloat16)
+    if keep:
+        assert torch.equal(mixer.A_log, canonical["1.mixer.A_log"])
+    assert len(kept_in_fp32(model.model)) == (4 if keep else 0)
+    # as in GPT-NeoX, A_log (a matrix) and D are not decayed
+    groups = build_optimizer(model.model, "adamw", {}, 0.1).param_groups
+    no_decay = [p for g in groups if g["weight_decay"] == 0.0 for p in g["params"]]
+    assert any(p is mixer.A_log for p in no_decay) and any(p is mixer.D for p in no_decay)
+    assert not any(p is mixer.in_proj.weight for p in no_decay)
+    if keep:  # a group of their own, after the others
+        assert {id(p) for p in groups[-1]["params"]} == {id(p) for p in kept_in_fp32(model.model)}
+    reference = InferenceModel.from_canonical(c, canonical)
+    tokens = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        got = model.forward(tokens, torch.arange(40).expand(2, 40)).float()
+        exact = reference.forward(tokens, torch.arange(40).expand(2, 40))
+    assert (got - exact).abs().max() < 0.1 * exact.abs().max()
+
+
 def _hf_model(seed: int = 0, **overrides):
     from transformers import MambaConfig, MambaForCausalLM
 

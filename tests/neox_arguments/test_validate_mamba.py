@@ -51,3 +51,28 @@ def test_what_mamba_layers_do_not_take_is_refused_by_name():
 def test_attention_rules_still_hold_for_the_attention_layers_of_a_hybrid():
     msg = problems((TINY, MAMBA), hidden_size=130)
     assert "hidden_size(130) % num_attention_heads(4) = 2; it must be 0." in msg
+
+
+def test_a_pipeline_partition_that_matches_no_block_is_named_before_deepspeed_fails():
+    """GPT-NeoX's default type:transformer|mlp finds no Mamba block: DeepSpeed would raise in
+    every worker; here deepy refuses with what to use. A hybrid balances its attention layers
+    by it (docs/train.md)."""
+    assert ("pipe_partition_method 'type:transformer|mlp' matches none of this model's blocks "
+            "(MambaLayerPipe), so the pipeline stages cannot be balanced by it: use type:mamba "
+            "or parameters.") in problems(
+        (TINY,), attention_config=[[["mamba"], 2]], num_layers=2)
+    assert "use type:transformer or parameters" in problems(pipe_partition_method="type:transfomer")
+    NeoXArgs.from_ymls([TINY, MAMBA])  # the hybrid: its attention layer matches
+    NeoXArgs.from_ymls([TINY], {"attention_config": [[["mamba"], 2]], "num_layers": 2,
+                                "pipe_partition_method": "type:mamba"})
+    NeoXArgs.from_ymls([TINY], {"attention_config": [[["mamba"], 2]], "num_layers": 2,
+                                "pipe_parallel_size": 0})  # no pipeline: nothing to balance
+
+
+def test_the_block_class_names_the_check_matches_are_the_model_s():
+    from megatron.model.gpt import TransformerLayerPipe
+    from megatron.model.mamba import MambaLayerPipe
+    from megatron.neox_arguments.validate import BLOCK_CLASSES
+
+    assert BLOCK_CLASSES == {"transformer": TransformerLayerPipe.__name__,
+                             "mamba": MambaLayerPipe.__name__}

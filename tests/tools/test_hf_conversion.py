@@ -482,7 +482,7 @@ def test_an_moe_model_is_refused_by_the_dense_architectures(llama_tp2, data, tmp
                                                 moe_normalize_topk=True)) == "mixtral"
 
 
-MAMBA_ONLY = '{attention_config: [[[mamba], 4]], use_bias_in_norms: false}\n'
+MAMBA_ONLY = '{attention_config: [[[mamba], 4]], pipe_partition_method: "type:mamba"}\n'
 
 
 @pytest.fixture(scope="module")

@@ -58,7 +58,11 @@ class ModelArgs:
     gpt_j_tied: bool = option(
         False, "With gpt_j_residual, share one layer norm between the attention and MLP branches."
     )
-    use_bias_in_norms: bool = option(True, "Give norm layers a bias (shift) parameter.")
+    use_bias_in_norms: bool | None = option(
+        None,
+        "Give norm layers a bias (shift) parameter. Unset: as GPT-NeoX builds its norms (it "
+        "never reads this key): layernorm with a bias, rmsnorm and scalenorm without.",
+    )
     use_bias_in_attn_linear: bool = option(
         True, "Give the attention projections (QKV and output) bias terms."
     )
