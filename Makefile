@@ -42,9 +42,11 @@ data: install
 train: install data
 	$(PY) deepy.py train.py configs/tiny.yml
 
-# --durations: the slowest tests are listed at the end, to keep the suite's time in view
+# --durations: the slowest tests are listed at the end, to keep the suite's time in view.
+# tmp_path_retention_count=1: a run's temporary directories (several GB: datasets, checkpoints)
+# are kept until the next run, not for the last three (pytest's default), which fills disks.
 test: install-dev
-	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q --durations=25 -o tmp_path_retention_count=1 $(PYTEST_ARGS) tests
 
 # The GPU tier: tests marked gpu, on the CUDA device DeepSpeed finds (skipped without one).
 test-gpu:
