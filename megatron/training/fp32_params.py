@@ -6,7 +6,8 @@ built (`DeepSpeedEngine._cast_module_mixed_precision`); it has no per-parameter 
 `_deepspeed_no_cast` attribute. Here, while the engine is built, that cast is wrapped so that the
 marked parameters get their fp32 tensors back afterwards, and the optimizer holds them in groups
 of their own (megatron/training/optimizers.py): DeepSpeed's bf16, fp16 and ZeRO 1/2 optimizers
-flatten each group into one buffer of one dtype, keep fp32 masters of it and copy the updated masters back
+flatten each group into one buffer of one dtype, keep fp32 masters of it and copy the updated
+masters back
 into the group's parameters, which for these groups are fp32 already. The forward therefore
 reads exactly the fp32 values the optimizer updates.
 """

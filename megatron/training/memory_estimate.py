@@ -296,7 +296,8 @@ def mamba_layer_bytes(config, sb: int, tp: int, e: int, device: str) -> tuple[in
     contiguous copies, the convolution's output, the step-size projection), dt/B/C; the inputs
     of in_proj, x_proj and out_proj in the dtype their products run in (fp32 for bf16 on a CPU,
     cpu_matmul_precision); in fp32, where the scan works: the step sizes before and after
-    softplus, delta * x, the scan output, the skip and the gate and their products (12 [tokens, channels] tensors);
+    softplus, delta * x, the scan output, the skip and the gate and their products (12 [tokens,
+    channels] tensors);
     then by scan (megatron/model/selective_scan.py): the reference step loop keeps the decays and
     inputs of every step [tokens, channels, 16] in fp32; the chunked scan one state per 64-step
     chunk; mamba_ssm's kernel recomputes its states. Fitted to the peak memory of real steps
