@@ -7,9 +7,8 @@ built (`DeepSpeedEngine._cast_module_mixed_precision`); it has no per-parameter 
 marked parameters get their fp32 tensors back afterwards, and the optimizer holds them in groups
 of their own (megatron/training/optimizers.py): DeepSpeed's bf16, fp16 and ZeRO 1/2 optimizers
 flatten each group into one buffer of one dtype, keep fp32 masters of it and copy the updated
-masters back
-into the group's parameters, which for these groups are fp32 already. The forward therefore
-reads exactly the fp32 values the optimizer updates.
+masters back into the group's parameters, which for these groups are fp32 already. The forward
+therefore reads exactly the fp32 values the optimizer updates.
 """
 
 from __future__ import annotations
