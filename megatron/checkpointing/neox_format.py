@@ -24,9 +24,16 @@ function), L+3 final norm, L+4 untied output linear; a sequential model names it
 - names: linear1/linear2 (older: dense_h_to_4h/dense_4h_to_h, or w1 gate, w3 up, w2 down),
   RMSNorm's scale/offset, the final norm `norm.*`, the output `final_linear.weight`; rotary
   `inv_freq` buffers are dropped
+- mixture-of-experts layers (ParallelDroplessMoE): the router `mlp.router.layer.weight`
+  [E, h], whole on every rank, is our `mlp.router.weight`; a rank's n = E / tp experts (a
+  contiguous block, rank r holding experts r n .. r n + n - 1) are `mlp.experts.mlp.w1` and
+  `mlp.experts.mlp.w2`, each [n f, h], expert e computing act(x w1_e^T) w2_e with w1_e, w2_e
+  its [f, h] rows: our `mlp.experts.w_in` [n, f, h] and `mlp.experts.w_out` [n, h, f]. GPT-NeoX's
+  experts apply the activation without a gate (its ParallelGroupedMLP), so a checkpoint whose
+  saved config names a gated activation is refused (experts here are gated like the MLP)
 Mamba layers (`mixer.*`, `norm.scale`) carry our names; those of a tensor-parallel GPT-NeoX run
 are refused (its x_proj is not summed over the ranks). A tensor this model does not have
-(mixture of experts, ...) is refused by name.
+(RWKV, QK layernorm, ...) is refused by name.
 
 `describe` gives a checkpoint a Manifest (contents["format"] == "gpt-neox", no checksums) so the
 one resolver, the compatibility check and the reshard path treat it like ours: its shape keys
@@ -62,7 +69,10 @@ _RENAMES = (
     (re.compile(r"^mlp\.(linear1|dense_h_to_4h)\."), "mlp.dense_h_to_4h."),
     (re.compile(r"^mlp\.(linear2|dense_4h_to_h|w2)\."), "mlp.dense_4h_to_h."),
     (re.compile(r"^final_linear\.weight$"), "weight"),
+    (re.compile(r"^mlp\.router\.layer\.weight$"), "mlp.router.weight"),
 )
+_ROUTER = "mlp.router.layer.weight"
+_EXPERT_W1, _EXPERT_W2 = "mlp.experts.mlp.w1", "mlp.experts.mlp.w2"
 _DROPPED = re.compile(r"(^|\.)(inv_freq|_extra_state)$")
 _NORMS = re.compile(r"(^|\.)(input_layernorm|post_attention_layernorm|norm|qk_layernorm)\.\w+$")
 _NO_WEIGHT_DECAY = re.compile(r"(^|\.)mixer\.(A_log|D)$")  # marked _no_weight_decay
@@ -72,7 +82,8 @@ _OURS = {  # what each kind of our layers holds (parameter paths)
                     for p in ("weight", "bias", "g")}
                    | {f"{m}.{p}" for m in ("attention.query_key_value", "attention.dense",
                                            "mlp.dense_h_to_4h", "mlp.dense_4h_to_h")
-                      for p in ("weight", "bias")},
+                      for p in ("weight", "bias")}
+                   | {"mlp.router.weight", "mlp.experts.w_in", "mlp.experts.w_out"},
     "norm": {"norm.weight", "norm.bias", "norm.g"},
     "head": {"weight"},
     # a Mamba layer: GPT-NeoX's names are ours (megatron/model/mamba.py)
@@ -193,8 +204,32 @@ def _shape(args: dict, configured: bool, step_dir: Path, names, first: dict, tp:
     return {"num_layers": args.get("num_layers"), "hidden_size": hidden,
             "num_attention_heads": heads, "num_kv_heads": kv, "intermediate_size": intermediate,
             "padded_vocab_size": None if table is None else int(table.shape[0]) * tp,
+            **_moe_shape(layers, args, step_dir),
             "mamba_layers": mamba,
             "mamba_inner_size": int(layers[mamba[0] + 2]["mixer.D"].shape[0]) * tp if mamba else 0}
+
+
+def _moe_shape(layers: dict[int, dict], args: dict, step_dir: Path) -> dict:
+    """moe_num_experts (the routers' rows; 1 without routers) and moe_expert_interval (saved,
+    else the step between the layers holding routers; None when only layer 0 does and nothing
+    says more: the run's config gives it). CorruptFileError when the layers holding experts
+    are not every interval-th one, GPT-NeoX's rule."""
+    moe = sorted(i - 2 for i, tensors in layers.items() if _ROUTER in tensors)
+    if not moe:
+        return {"moe_num_experts": 1, "moe_expert_interval": 1}
+    experts = int(layers[moe[0] + 2][_ROUTER].shape[0])
+    interval = args.get("moe_expert_interval")
+    if interval is None and len(moe) > 1:
+        interval = moe[1] - moe[0]
+    count = args.get("num_layers") or len([i for i, t in layers.items()
+                                           if any(p.startswith("attention.") for p in t)])
+    if interval is not None and moe != list(range(0, int(count), int(interval))):
+        raise CorruptFileError(
+            f"{step_dir}: GPT-NeoX layers {', '.join(str(i) for i in moe)} (counted from 0) hold "
+            f"experts, which is not every layer i with i % moe_expert_interval({interval}) == 0 "
+            f"of its {count}: not a model GPT-NeoX builds")
+    return {"moe_num_experts": experts,
+            "moe_expert_interval": None if interval is None else int(interval)}
 
 
 def _optimizer_note(step_dir: Path, first: dict, run: dict, names) -> str | None:
@@ -259,7 +294,7 @@ def fill_from_run(manifest: Manifest, current: dict) -> Manifest:
 
 
 _SHAPE = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
-          "intermediate_size", "padded_vocab_size")
+          "intermediate_size", "padded_vocab_size", "moe_expert_interval")
 
 
 def architecture_args(run_args, config: dict, step_dir: Path):
@@ -292,7 +327,16 @@ class _Heads:
 def read_weights(step_dir: Path, manifest: Manifest, wanted: set[str] | None = None
                  ) -> dict[str, torch.Tensor]:
     """Our canonical full weights of the GPT-NeoX checkpoint (only `wanted` names if given)."""
+    from megatron.model.activations import GATED
+
     tp = int(manifest.run["tp"])
+    activation = manifest.config.get("activation")
+    if int(manifest.run.get("moe_num_experts") or 1) > 1 and activation in GATED:
+        raise CheckpointMismatchError(
+            f"{step_dir}: GPT-NeoX trained this mixture of experts with activation {activation}, "
+            "which its experts (ParallelGroupedMLP) apply without a gate: a model this project "
+            "does not build (its experts with a gated activation are gated, as Mixtral's)")
+    per_rank = [_rank_tensors(step_dir, manifest.files, r) for r in range(tp)]
     per_rank = [_rank_tensors(step_dir, manifest.files, r) for r in range(tp)]
     return _canonical(per_rank, _heads(manifest), wanted)
 
@@ -367,14 +411,14 @@ def _to_ours(layers: dict[int, dict], heads: _Heads) -> dict[int, dict]:
         if not kept:
             continue
         kind = _kind(kept)
-        ours = _rename(kept)
+        ours = _rename(kept, heads.tp)
         if kind == "transformer":
             ours = _qkv_to_ours(ours, heads)
         unknown = sorted(set(ours) - _OURS[kind])
         if unknown:
             raise CheckpointMismatchError(
                 f"GPT-NeoX layer {index} holds {', '.join(unknown)}, which this project's model "
-                "does not have (mixture of experts, RWKV and QK layernorm are not implemented)")
+                "does not have (RWKV and QK layernorm are not implemented)")
         out[{"embedding": 0, "transformer": index - 1, "mamba": index - 1}.get(kind, index - 2)] \
             = ours
     return out
@@ -395,11 +439,14 @@ def _kind(state: dict) -> str:
                                   "embedding, transformer layer, final norm or output layer")
 
 
-def _rename(state: dict) -> dict:
+def _rename(state: dict, tp: int) -> dict:
     out = {}
     for path, tensor in state.items():
         if path in ("mlp.w1.weight", "mlp.w3.weight"):
             continue  # the older gated MLP: w3 (value) and w1 (gate) are linear1's two halves
+        if path in (_EXPERT_W1, _EXPERT_W2):
+            out.update(_experts_to_ours(state, path, tp))
+            continue
         for pattern, repl in _RENAMES:
             path = pattern.sub(repl, path)
         out[path] = tensor
@@ -407,6 +454,24 @@ def _rename(state: dict) -> dict:
         out["mlp.dense_h_to_4h.weight"] = torch.cat([state["mlp.w3.weight"],
                                                      state["mlp.w1.weight"]])
     return out
+
+
+def _experts_to_ours(state: dict, path: str, tp: int) -> dict:
+    """One rank's GPT-NeoX expert tensor `path` (w1 or w2, [n f, h]) as ours: w_in [n, f, h],
+    w_out [n, h, f]; n = E / tp, E the router's rows (see the module docstring)."""
+    router = state.get(_ROUTER)
+    if router is None:
+        raise CheckpointMismatchError(f"a GPT-NeoX layer holds {path} but no {_ROUTER}: its "
+                                      "number of experts is unknown")
+    experts, tensor = int(router.shape[0]), state[path]
+    if experts % tp or tensor.dim() != 2 or tensor.shape[0] % (experts // tp):
+        raise CheckpointMismatchError(
+            f"GPT-NeoX's {path} {tuple(tensor.shape)} is not {experts} experts' rows split over "
+            f"{tp} tensor-parallel ranks")
+    blocks = tensor.reshape(experts // tp, -1, tensor.shape[1])  # [n, f, h]
+    if path == _EXPERT_W1:
+        return {"mlp.experts.w_in": blocks.clone()}
+    return {"mlp.experts.w_out": blocks.transpose(1, 2).contiguous()}
 
 
 def _qkv_to_ours(state: dict, heads: _Heads) -> dict:

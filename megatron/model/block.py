@@ -37,17 +37,20 @@ class TransformerLayer(nn.Module):
         init_fn, out_init_fn = init_methods(config)
         gen = layer_generator(config.seed, layer_number + 1)
         self.attention = SelfAttention(config, layer_number, init_fn, out_init_fn, gen, tp)
-        if config.is_moe_layer(layer_number):
+        self.moe = config.is_moe_layer(layer_number)
+        if self.moe:
             self.mlp = MoE(config, init_fn, out_init_fn, gen, tp)
         else:
             self.mlp = MLP(config, init_fn, out_init_fn, gen, tp)
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)
         self.fused_dropout_add = config.bias_dropout_fusion
 
-    def _add(self, residual: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """residual + dropout(out); one Triton kernel with bias_dropout_fusion where it can run."""
+    def _add(self, residual: torch.Tensor, out: torch.Tensor, dropout: bool = True
+             ) -> torch.Tensor:
+        """residual + dropout(out); one Triton kernel with bias_dropout_fusion where it can run.
+        Without `dropout` (an MoE layer's output, which GPT-NeoX adds undropped) residual + out."""
         p = self.hidden_dropout.p
-        if not self.training or p == 0.0:
+        if not self.training or p == 0.0 or not dropout:
             return residual + out
         # with sequence parallelism each rank holds different tokens: its own random stream
         rng = self.tp.split_region_rng() if self.tp.sequence_parallel else contextlib.nullcontext()
@@ -63,9 +66,9 @@ class TransformerLayer(nn.Module):
             attn_in = self.input_layernorm(x)
             mlp_in = attn_in if self.gpt_j_tied else self.post_attention_layernorm(x)
             attn_out = self.attention(attn_in, position_ids, doc_mask, cache)
-            return self._add(self._add(x, attn_out), self.mlp(mlp_in))
+            return self._add(self._add(x, attn_out), self.mlp(mlp_in), not self.moe)
         x = self._add(x, self.attention(self.input_layernorm(x), position_ids, doc_mask, cache))
-        return self._add(x, self.mlp(self.post_attention_layernorm(x)))
+        return self._add(x, self.mlp(self.post_attention_layernorm(x)), not self.moe)
 
 
 def unpack_mask(mask: torch.Tensor) -> torch.Tensor | None:

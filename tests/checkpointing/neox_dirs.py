@@ -109,6 +109,44 @@ def mamba_layers(hf, tp: int, rank: int) -> dict[int, dict[str, torch.Tensor]]:
     return out
 
 
+def moe_layers(canonical: dict[str, torch.Tensor], num_layers: int, tp: int, rank: int
+               ) -> dict[int, dict[str, torch.Tensor]]:
+    """One tensor rank's GPT-NeoX layers of a model of ours with mixture-of-experts layers
+    (layer norms, rotary attention without grouped queries, untied), as GPT-NeoX's
+    ParallelDroplessMoE holds them: the router `mlp.router.layer.weight` [E, h] whole; the
+    rank's contiguous block of n = E / tp experts as `mlp.experts.mlp.w1` and `.w2`, each
+    [n f, h] (ParallelGroupedMLP views them [n, f, h]; expert e is act(x w1_e^T) w2_e)."""
+    out = {0: {"word_embeddings.weight": _rows(canonical["0.word_embeddings.weight"], tp, rank)}}
+    for i in range(num_layers):
+        ours = {k.split(".", 1)[1]: v for k, v in canonical.items()
+                if k.split(".", 1)[0] == str(i + 1)}
+        layer = {f"{norm}.{p}": ours[f"{norm}.{p}"].clone()
+                 for norm in ("input_layernorm", "post_attention_layernorm")
+                 for p in ("weight", "bias")}
+        layer |= {"attention.query_key_value.weight":
+                  _rows(ours["attention.query_key_value.weight"], tp, rank),
+                  "attention.query_key_value.bias":
+                  _rows(ours["attention.query_key_value.bias"], tp, rank),
+                  "attention.dense.weight": _cols(ours["attention.dense.weight"], tp, rank),
+                  "attention.dense.bias": ours["attention.dense.bias"].clone()}
+        if "mlp.router.weight" in ours:
+            w_in = _rows(ours["mlp.experts.w_in"], tp, rank)  # [n, f, h]
+            w_out = _rows(ours["mlp.experts.w_out"], tp, rank)  # [n, h, f]
+            layer |= {"mlp.router.layer.weight": ours["mlp.router.weight"].clone(),
+                      "mlp.experts.mlp.w1": w_in.reshape(-1, w_in.shape[2]),
+                      "mlp.experts.mlp.w2": w_out.transpose(1, 2).reshape(-1, w_out.shape[1])}
+        else:
+            layer |= {"mlp.linear1.weight": _rows(ours["mlp.dense_h_to_4h.weight"], tp, rank),
+                      "mlp.linear1.bias": _rows(ours["mlp.dense_h_to_4h.bias"], tp, rank),
+                      "mlp.linear2.weight": _cols(ours["mlp.dense_4h_to_h.weight"], tp, rank),
+                      "mlp.linear2.bias": ours["mlp.dense_4h_to_h.bias"].clone()}
+        out[i + 2] = layer
+    L = num_layers
+    out[L + 3] = {f"norm.{p}": canonical[f"{L + 1}.norm.{p}"].clone() for p in ("weight", "bias")}
+    out[L + 4] = {"final_linear.weight": _rows(canonical[f"{L + 2}.weight"], tp, rank)}
+    return out
+
+
 def write_neox_checkpoint(root: Path, layers_of, tp: int, shape: str, iteration: int,
                           args: dict | None = None, configs: dict[str, dict] | None = None,
                           tag: str | None = None) -> Path:

@@ -1,10 +1,13 @@
 """Checkpoints written by GPT-NeoX load here: recognised (not "damaged"), read at any tensor-
 parallel degree in both of GPT-NeoX's shapes (pipeline layer files, sequential module), with
-GPT-NeoX's tensor layouts (grouped-query QKV per rank, gated-MLP halves, older MLP names).
+GPT-NeoX's tensor layouts (grouped-query QKV per rank, gated-MLP halves, older MLP names,
+mixture-of-experts routers and grouped expert weights).
 
 The directories are built from Hugging Face models by tests/checkpointing/neox_dirs.py
 following GPT-NeoX's conventions; the logits of what the reader returns must equal the HF
-model's (fp32, within 2e-5 absolute, as the HF conversion tests).
+model's (fp32, within 2e-5 absolute, as the HF conversion tests). No HF model has GPT-NeoX's
+MoE layer: its directories are written from a model of ours, and a test computes GPT-NeoX's
+expert formula from the files alone.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from megatron.checkpointing.locate import open_verified
 from megatron.checkpointing.reader import read_checkpoint
 from megatron.neox_arguments import NeoXArgs
 from tests.checkpointing.neox_dirs import (gpt_neox_layers, llama_layers, mamba_layers,
-                                           write_neox_checkpoint)
+                                           moe_layers, write_neox_checkpoint)
 from tests.tools.test_hf_conversion import ATOL, batch, hf_gpt_neox, hf_llama, our_logits, tool
 from tests.model.test_mamba import _hf_model as hf_mamba
 
@@ -68,6 +71,30 @@ MAMBA_RUN = ["num_layers=2", "hidden_size=64", "num_attention_heads=4", "seq_len
              "max_position_embeddings=128", "pos_emb=none", "no_weight_tying=true",
              "attention_config=[[[mamba], 2]]", "norm=rmsnorm", "rms_norm_epsilon=1.0e-5",
              "pipe_partition_method=type:mamba"]
+MOE_CONFIG = {  # GPT-NeoX's spelling; its 125M-dmoe.yml's MoE keys at the tiny model's size
+    "num-layers": 4, "hidden-size": 128, "num-attention-heads": 4, "seq-length": 128,
+    "max-position-embeddings": 128, "pos-emb": "rotary", "rotary-pct": 0.25,
+    "norm": "layernorm", "activation": "gelu", "no-weight-tying": True, "moe_num_experts": 4,
+    "moe_top_k": 2, "moe_expert_interval": 2, "moe_router_type": "sinkhorn",
+    "pipe-parallel-size": 1, "model-parallel-size": 2}
+
+
+def moe_args(paths, *overrides: str) -> NeoXArgs:
+    return NeoXArgs.from_ymls(["configs/tiny.yml", "configs/tiny_moe.yml", paths],
+                              ["gpt_j_residual=false", *overrides])
+
+
+def moe_source(args):
+    """(model config, canonical weights) of a freshly initialised MoE model of ours: experts
+    in layers 0 and 2, 4 of them, 2 per token."""
+    from megatron.model.config import model_config_from_args
+    from megatron.model.gpt import GPTModel
+    from megatron.model.partition import canonical_from_module
+
+    config = model_config_from_args(args, 2048)
+    model = GPTModel(config)
+    return config, {k: v.detach().clone() for k, v in canonical_from_module(
+        model.state_dict()).items()}
 
 
 def build(case: str, root):
@@ -129,12 +156,12 @@ def test_missing_rank_file_is_named_and_unknown_tensors_are_refused(paths, tmp_p
     with pytest.raises(CorruptFileError, match=r"layer_03-model_01-model_states\.pt: missing"):
         open_verified(step)
 
-    _, root, _ = build("pythia_sequential_tp1", tmp_path / "moe")
+    _, root, _ = build("pythia_sequential_tp1", tmp_path / "qk_norm")
     path = root / "global_step30" / "mp_rank_00_model_states.pt"
     state = torch.load(path, weights_only=False)
-    state["module"]["sequential.2.mlp.experts.0.weight"] = torch.zeros(2)
+    state["module"]["sequential.2.attention.qk_layernorm.weight"] = torch.zeros(2)
     torch.save(state, path)
-    with pytest.raises(CheckpointMismatchError, match=r"mlp\.experts\.0\.weight.*mixture"):
+    with pytest.raises(CheckpointMismatchError, match=r"qk_layernorm\.weight.*QK layernorm"):
         read_checkpoint(root, run_args=run_args("configs/tiny.yml", paths))
 
 
@@ -180,14 +207,22 @@ def _train_from_deepspeed_written(rank, world, root, paths, zero_stage, kind="ll
         saved = {"num_layers": 4, "hidden_size": 128, "num_attention_heads": 4,
                  "padded_vocab_size": 2048, "model_parallel_size": 1}
         configs = {"llama.yml": LLAMA_CONFIG | {"model-parallel-size": 1}}
-    else:  # the Mamba model of MAMBA_CONFIG, the run config saying the same
+    elif kind == "mamba":  # the Mamba model of MAMBA_CONFIG, the run config saying the same
         args = run_args("configs/tiny.yml", paths, *common, *MAMBA_RUN).with_world_size(1)
         hf, layers, vocab = hf_mamba(tie_word_embeddings=False), mamba_layers, 128
         saved = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
                  "padded_vocab_size": 128, "model_parallel_size": 1}
         configs = {"mamba.yml": MAMBA_CONFIG | {"pipe-parallel-size": 1,
                                                 "pipe-partition-method": "type:mamba"}}
-    w0, _ = canonical_from_hf(hf.state_dict(), hf.config)
+    else:  # the MoE model of MOE_CONFIG, from weights of ours
+        args = moe_args(paths, *common).with_world_size(1)
+        _, w0 = moe_source(args)
+        hf, layers, vocab = None, lambda _, tp, r: moe_layers(w0, 4, tp, r), 2048
+        saved = {"num_layers": 4, "hidden_size": 128, "num_attention_heads": 4,
+                 "padded_vocab_size": 2048, "model_parallel_size": 1}
+        configs = {"moe.yml": MOE_CONFIG | {"model-parallel-size": 1}}
+    if hf is not None:
+        w0, _ = canonical_from_hf(hf.state_dict(), hf.config)
     schedule = lr_schedule(args)
     deepspeed_neox_checkpoint(
         root, layers(hf, 1, 0), zero_stage, iteration=5, lr=schedule.lr, args=saved,
@@ -205,13 +240,15 @@ def _train_from_deepspeed_written(rank, world, root, paths, zero_stage, kind="ll
             engine.lr_scheduler.state_dict()["num_iters"])
 
 
-@pytest.mark.parametrize("zero_stage,kind", [(0, "llama"), (1, "llama"), (0, "mamba")])
+@pytest.mark.parametrize("zero_stage,kind", [(0, "llama"), (1, "llama"), (0, "mamba"),
+                                             (1, "moe")])
 def test_deepspeed_written_gpt_neox_checkpoint_continues_training_with_its_optimizer_state(
         zero_stage, kind, paths, tmp_path):
     """Continued training: iteration, LR schedule and Adam's moments come from the GPT-NeoX
     checkpoint. After one step on g = W0: exp_avg = 0.1 W0, exp_avg_sq = 0.05 W0^2 and
-    W1 = W0 - lr W0 / (|W0| + eps), elementwise, so they are known in our layout from HF's
-    weights alone, whatever GPT-NeoX's layout of the files."""
+    W1 = W0 - lr W0 / (|W0| + eps), elementwise, so they are known in our layout from the
+    source weights alone (HF's, or ours for the MoE model), whatever GPT-NeoX's layout of the
+    files (its experts' w2 is transposed, moments too)."""
     from tests.distributed import run_distributed
 
     [(resumed, found, w0, lr, steps, num_iters)] = run_distributed(
@@ -334,3 +371,83 @@ def test_inspect_describes_a_gpt_neox_checkpoint(paths, tmp_path):
     assert lines[4] == "holds: weights"
     assert lines[-2] == ("optimizer state not read: it holds no optimizer state (e.g. written by "
                          "a GPT-NeoX converter)")
+
+
+@pytest.mark.parametrize("shape,tp,saved", [("pipeline", 2, True), ("sequential", 1, False)])
+def test_gpt_neox_moe_checkpoint_reads_with_the_logits_of_the_model_it_came_from(
+        shape, tp, saved, paths, tmp_path):
+    """GPT-NeoX's dropless MoE layers (router, grouped w1/w2 of each rank's experts) read into
+    ours: the logits equal those of the model the files were written from. Without saved
+    configs (a converter's output) the experts' layers give moe_expert_interval."""
+    args = moe_args(paths)
+    config, canonical = moe_source(args)
+    root = tmp_path / "neox"
+    write_neox_checkpoint(root, lambda r: moe_layers(canonical, 4, tp, r), tp, shape,
+                          iteration=30, configs={"moe.yml": MOE_CONFIG | {
+                              "model-parallel-size": tp}} if saved else None)
+    manifest = open_verified(root / "global_step30")
+    assert (manifest.run["moe_num_experts"], manifest.run["moe_expert_interval"]) == (4, 2)
+    ck = read_checkpoint(root, run_args=args)
+    assert ck.tensor_parallel == tp
+    tokens = batch(2048)
+    expected = our_logits(config, canonical, tokens)
+    ours = our_logits(ck.saved_model_config(args, ck.trained_vocab), ck.canonical, tokens)
+    assert (ours - expected).abs().max().item() < ATOL
+
+
+def test_gpt_neox_moe_tensors_compute_gpt_neoxs_expert_formula_here(paths, tmp_path):
+    """The layout read against GPT-NeoX's own formula, from its files alone: router logits
+    x W_r^T; at inference the sinkhorn router takes the top 2 of their softmax; expert e of
+    tensor rank r is gelu(x w1_e^T) w2_e with w1, w2 of that rank's file viewed [n, f, h]; the
+    output is the weighted sum. Our MoE layer loaded from the checkpoint computes the same."""
+    from megatron.text_generation.inference_model import InferenceModel
+
+    args = moe_args(paths)
+    config, canonical = moe_source(args)
+    root = tmp_path / "neox"
+    write_neox_checkpoint(root, lambda r: moe_layers(canonical, 4, 2, r), 2, "pipeline",
+                          iteration=30, configs={"moe.yml": MOE_CONFIG})
+    step = root / "global_step30"
+    files = [torch.load(step / f"layer_04-model_{r:02d}-model_states.pt") for r in range(2)]
+    x = torch.randn(16, 128, generator=torch.Generator().manual_seed(3))
+    probs = torch.softmax(x @ files[0]["mlp.router.layer.weight"].T, dim=-1)
+    weights, experts = torch.topk(probs, 2, dim=1)
+    expected = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for w, e in zip(weights[t], experts[t].tolist()):
+            rank, local = divmod(e, 2)
+            w1 = files[rank]["mlp.experts.mlp.w1"].view(2, -1, 128)[local]
+            w2 = files[rank]["mlp.experts.mlp.w2"].view(2, -1, 128)[local]
+            up = torch.nn.functional.gelu(x[t] @ w1.T, approximate=config.gelu_approximation)
+            expected[t] += w * (up @ w2)
+    ck = read_checkpoint(root, run_args=args)
+    model = InferenceModel.from_canonical(ck.saved_model_config(args, ck.trained_vocab),
+                                          ck.canonical)
+    moe = model.model.layers[3].mlp  # transformer layer 2 (GPT-NeoX's file layer_04)
+    with torch.inference_mode():
+        torch.testing.assert_close(moe(x.unsqueeze(0))[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_gpt_neox_moe_checkpoint_of_another_shape_is_refused_by_name(paths, tmp_path):
+    """A dense run config on GPT-NeoX's MoE checkpoint names both expert counts; a saved config
+    with a gated activation (GPT-NeoX's experts would apply it ungated) is refused, naming
+    it."""
+    from megatron.checkpointing.locate import planned_manifest
+    from megatron.preflight import _check_shape
+
+    args = moe_args(paths)
+    _, canonical = moe_source(args)
+    root = tmp_path / "neox"
+    write_neox_checkpoint(root, lambda r: moe_layers(canonical, 4, 2, r), 2, "pipeline",
+                          iteration=30, configs={"moe.yml": MOE_CONFIG})
+    dense = NeoXArgs.from_ymls(["configs/tiny.yml", paths], ["gpt_j_residual=false"])
+    manifest = planned_manifest(root, None)
+    with pytest.raises(ValueError, match=r"moe_num_experts: checkpoint 4, this run 1; "
+                                         r"moe_expert_interval: checkpoint 2, this run 1"):
+        _check_shape(dense, manifest.run, root / manifest.tag)
+    _check_shape(args, manifest.run, root / manifest.tag)  # the MoE config it came from loads
+    gated = tmp_path / "gated"
+    write_neox_checkpoint(gated, lambda r: moe_layers(canonical, 4, 2, r), 2, "pipeline",
+                          iteration=30, configs={"moe.yml": MOE_CONFIG | {"activation": "swiglu"}})
+    with pytest.raises(CheckpointMismatchError, match=r"activation swiglu.*without a gate"):
+        read_checkpoint(gated, run_args=args).canonical

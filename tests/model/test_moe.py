@@ -242,3 +242,20 @@ def test_grouped_product_equals_the_loop_over_experts_with_an_idle_expert(activa
     assert not grouped_gemm("cpu", torch.bfloat16, H, FFN)  # the loop, with fp32 products
     assert not grouped_gemm("cpu", torch.float32, 30, FFN)  # rows not 16-byte aligned
     moe(x).sum().backward()  # an expanded gradient reaches the grouped product's backward
+
+
+def test_moe_output_is_added_without_hidden_dropout_as_in_gpt_neox():
+    """GPT-NeoX adds an MoE layer's output to the residual undropped (its dense MLP output goes
+    through hidden dropout): with hidden_dropout 1 a training forward drops the attention
+    output whole and keeps the experts' output whole."""
+    from megatron.model.block import TransformerLayer
+
+    c = config(hidden_dropout=1.0, moe_router_type="topk", moe_expert_interval=2)
+    moe_block, dense_block = (TransformerLayer(c, i).train() for i in (0, 1))
+    assert isinstance(moe_block.mlp, MoE) and not isinstance(dense_block.mlp, MoE)
+    x = tokens()
+    positions = torch.arange(x.shape[1]).expand(x.shape[0], -1)
+    with torch.no_grad():
+        mlp_in = moe_block.post_attention_layernorm(x)
+        torch.testing.assert_close(moe_block(x, positions), x + moe_block.mlp(mlp_in))
+        torch.testing.assert_close(dense_block(x, positions), x)
