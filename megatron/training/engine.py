@@ -181,11 +181,18 @@ def _record_fp32_grad_norm(engine, ep_group=None) -> None:
     counts only the first stage's replicated parameters, by `clip_grad_norm`.
 
     With ZeRO or bf16/fp16, DeepSpeed's optimizer wrapper computes and records the norm itself.
+    A finite norm also tells the step that follows that every gradient is finite
+    (`_finite_by_norm`, read once by _skip_nonfinite_steps): the norm counts each gradient
+    element of the model-parallel group and is all-reduced over it, and data-parallel replicas
+    hold the same averaged gradients, so no second pass over them is needed.
     """
+    import math
+
     def clip_and_record() -> None:
-        engine._global_grad_norm = clip_grad_norm(engine.module.parameters(),
-                                                  engine.gradient_clipping(), engine.mpu,
-                                                  ep_group)
+        norm = clip_grad_norm(engine.module.parameters(), engine.gradient_clipping(), engine.mpu,
+                              ep_group)
+        engine._global_grad_norm = norm
+        engine._finite_by_norm = math.isfinite(norm)
 
     engine.clip_fp32_gradients = clip_and_record
 
@@ -206,9 +213,12 @@ def _skip_nonfinite_steps(engine) -> None:
     step = optimizer.step
 
     def checked_step(*args, **kwargs):
+        # the clipping pass just before found a finite global norm: every gradient is finite
+        # (a non-finite norm may be an overflow of finite squares: checked element-wise)
+        known, engine._finite_by_norm = getattr(engine, "_finite_by_norm", False), False
         grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         bad = torch.zeros(1)
-        if grads:  # (the flag moves to the CPU, where gloo reduces it)
+        if grads and not known:  # (the flag moves to the CPU, where gloo reduces it)
             bad[0] = float(not all_finite(grads))
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)  # every rank steps, or none
         optimizer.overflow = bool(bad.item())

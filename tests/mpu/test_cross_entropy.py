@@ -71,3 +71,19 @@ def test_no_fp32_tensor_of_the_whole_vocabulary_is_made_from_bf16_logits():
     with LargestFloat32() as plain:  # what torch's cross entropy on fp32 logits makes
         F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()).backward()
     assert plain.largest == B * S * V
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_blocked_log_sum_exp_equals_torchs_with_masked_and_infinite_rows(dtype):
+    """The forward's own log-sum-exp (small blocks through one buffer): torch.logsumexp's value
+    on ordinary rows, rows with -inf entries (a masked vocabulary) and a row all -inf."""
+    from megatron.mpu.cross_entropy import _logsumexp
+
+    flat = (torch.randn(7, V, generator=torch.Generator().manual_seed(2)) * 8).to(dtype)
+    flat[1, 500:] = float("-inf")
+    flat[4] = float("-inf")
+    for rows in (1, 3, 7):
+        got = _logsumexp(flat, torch.float32, rows * V)
+        torch.testing.assert_close(got, torch.logsumexp(flat.float(), dim=-1), rtol=1e-6,
+                                   atol=1e-5)
+    assert got[4].item() == float("-inf")
