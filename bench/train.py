@@ -15,7 +15,8 @@ mixed-precision recipe each stack ships. Data is random tokens (throughput only)
 with fused AdamW, `eager` (the default on a CPU, where compiling takes minutes) as it is. After
 each of our runs a line says where our step's time went (forward, backward, optimizer step,
 gradient reduction, the rest), timed around DeepSpeed's phases with the device synchronised,
-and, on a GPU, the peak memory allocated beside the estimate deepy.py prints for the run.
+and the peak memory (allocated on a GPU, the process's resident memory on a CPU) beside the
+estimate deepy.py prints for the run.
 
 Each side runs in a fresh process: ours set up as a train.py worker sets itself up (on a CPU
 that includes keeping freed host memory, megatron/training/host_memory.py), the reference as a
@@ -172,8 +173,8 @@ def page_faults() -> int:
 
 
 def bench_ours(args, vocab: int, warmup: int, steps: int):
-    """(model config, median step seconds, the phase line, peak GiB allocated on CUDA, page
-    faults per step)."""
+    """(model config, median step seconds, the phase line, peak GiB allocated on CUDA or the
+    process's peak resident GiB on a CPU, page faults per step)."""
     import torch
 
     from megatron.model.config import model_config_from_args
@@ -193,7 +194,12 @@ def bench_ours(args, vocab: int, warmup: int, steps: int):
     phases = PhaseTimer(engine.engine, engine.is_pipeline)
     phases.active = True
     timed = time_steps(lambda: train_step(engine, data), 0, steps) * steps
-    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+    if torch.cuda.is_available():
+        peak = torch.cuda.max_memory_allocated() / 2**30
+    else:  # the process's peak resident memory (ru_maxrss: KiB on Linux)
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return config, seconds, phases.line(timed), peak, faults
 
 
@@ -333,10 +339,11 @@ def main(argv=None) -> int:
                 print(f"      page faults per step: ours {mine['faults']:,.0f}, reference "
                       f"{theirs['faults']:,.0f} (reference allocator: "
                       f"{opts.reference_allocator})", flush=True)
-            if allocated is not None:
-                estimate = training_estimate(args, vocab, device="cuda")
-                print(f"      peak allocated {allocated:.2f} GiB; estimate {estimate.total / GIB:.2f}"
-                      f" GiB (framework {estimate.term('framework') / GIB:.2f} of it)", flush=True)
+            kind = device().type
+            estimate = training_estimate(args, vocab, device=kind)
+            measured = "peak allocated" if kind == "cuda" else "peak resident memory"
+            print(f"      {measured} {allocated:.2f} GiB; estimate {estimate.total / GIB:.2f}"
+                  f" GiB (framework {estimate.term('framework') / GIB:.2f} of it)", flush=True)
     return 0
 
 
