@@ -337,7 +337,6 @@ def read_weights(step_dir: Path, manifest: Manifest, wanted: set[str] | None = N
             "which its experts (ParallelGroupedMLP) apply without a gate: a model this project "
             "does not build (its experts with a gated activation are gated, as Mixtral's)")
     per_rank = [_rank_tensors(step_dir, manifest.files, r) for r in range(tp)]
-    per_rank = [_rank_tensors(step_dir, manifest.files, r) for r in range(tp)]
     return _canonical(per_rank, _heads(manifest), wanted)
 
 
