@@ -23,6 +23,11 @@ that includes keeping freed host memory, megatron/training/host_memory.py), the 
 plain script runs, with glibc's defaults; `--reference-allocator framework` gives the reference
 the same host-memory setting, to show how much of the difference that setting is. On a CPU a
 line gives each side's page faults per step.
+
+The reference multiplies in its dtype. On a CPU without bf16 instructions (AVX2 only, for
+one) torch's bf16 matmul can run at well under 1 GFLOP/s, and one bf16 reference step of the
+125M-class model would take hours: where the matmul peak measured for its dtype says its steps
+need more than `--reference-limit` minutes, the reference is not run and a line says why.
 """
 
 from __future__ import annotations
@@ -73,6 +78,13 @@ def matmul_peak(dtype: str, n: int = 2048) -> float:
         sync()
         best = max(best, 2 * n**3 / (time.perf_counter() - start))
     return best
+
+
+def flop_rate(flops: float) -> str:
+    """A measured FLOP/s figure in TFLOP/s, or GFLOP/s where it is under one TFLOP/s."""
+    if flops >= 1e12:
+        return f"{flops / 1e12:.2f} TFLOP/s"
+    return f"{flops / 1e9:.3g} GFLOP/s"
 
 
 def neox_args(size: str, dtype: str, seq: int, micro: int, pipe: int):
@@ -302,8 +314,12 @@ def main(argv=None) -> int:
                         help="on a CPU: the reference with glibc's defaults, as a plain script "
                              "runs (default), or with the host-memory setting our workers make "
                              "(megatron/training/host_memory.py), to separate that gain")
+    parser.add_argument("--reference-limit", type=float, default=30.0, metavar="MINUTES",
+                        help="skip the reference where its steps would take longer than this "
+                             "at the matmul peak measured for its dtype (default: 30)")
     opts = parser.parse_args(argv)
 
+    from megatron.model.config import model_config_from_args
     from megatron.training.flops import count_parameters, flops_per_token
     import torch
 
@@ -314,7 +330,7 @@ def main(argv=None) -> int:
     peaks = {dtype: matmul_peak(dtype) for dtype in ("bfloat16", "float32")}
     peak = max(peaks.values())
     print(f"device: {device()} ({torch.get_num_threads()} threads); matmul peak bf16 "
-          f"{peaks['bfloat16'] / 1e12:.2f}, fp32 {peaks['float32'] / 1e12:.2f} TFLOP/s "
+          f"{flop_rate(peaks['bfloat16'])}, fp32 {flop_rate(peaks['float32'])} "
           f"(measured; MFU against the higher); reference "
           f"{'torch.compile + fused AdamW' if compiled else 'eager + AdamW'}")
     print(f"{'size':>5} {'dtype':>5} {'params':>9} {'seq':>5} {'micro':>5} | {'ours ms':>9} "
@@ -325,17 +341,35 @@ def main(argv=None) -> int:
         for dtype in opts.dtypes:
             args = neox_args(size, dtype, seq, micro, opts.pipe_parallel_size)
             vocab = 50304 if size != "tiny" else 8192
-            mine = in_fresh_process("ours", opts, size, dtype, seq, micro)
-            theirs = in_fresh_process("hf", opts, size, dtype, seq, micro)
-            config, ours, ref = mine["config"], mine["seconds"], theirs["seconds"]
-            phases, allocated = mine["phases"], mine["allocated"]
             tokens = micro * seq
+            # the reference multiplies in its own dtype (autocast): where that is hopelessly
+            # slow (bf16 on a CPU without bf16 instructions), it is not run
+            flops = flops_per_token(model_config_from_args(args, vocab)) * tokens
+            reference_peak = peaks["bfloat16" if dtype == "bf16" else "float32"]
+            reference_minutes = flops * (opts.warmup + opts.steps) / reference_peak / 60
+            mine = in_fresh_process("ours", opts, size, dtype, seq, micro)
+            theirs = None
+            if reference_minutes <= opts.reference_limit:
+                theirs = in_fresh_process("hf", opts, size, dtype, seq, micro)
+            config, ours = mine["config"], mine["seconds"]
+            phases, allocated = mine["phases"], mine["allocated"]
             mfu = flops_per_token(config) * tokens / ours / peak
+            if theirs is None:
+                reference = f"{'-':>9} {'-':>10} | {'-':>7}"
+            else:
+                ref = theirs["seconds"]
+                reference = f"{ref * 1e3:>9.1f} {tokens / ref:>10,.0f} | {ref / ours:>6.2f}x"
             print(f"{size:>5} {dtype:>5} {count_parameters(config) / 1e6:>8.1f}M {seq:>5} {micro:>5} | "
-                  f"{ours * 1e3:>9.1f} {tokens / ours:>10,.0f} | {ref * 1e3:>9.1f} "
-                  f"{tokens / ref:>10,.0f} | {ref / ours:>6.2f}x | {mfu:>6.1%}", flush=True)
+                  f"{ours * 1e3:>9.1f} {tokens / ours:>10,.0f} | {reference} | {mfu:>6.1%}",
+                  flush=True)
+            if theirs is None:
+                print(f"      reference not run: its {dtype} products at the {dtype} matmul peak "
+                      f"measured here ({flop_rate(reference_peak)}) need about "
+                      f"{reference_minutes:,.0f} min for {opts.warmup + opts.steps} step"
+                      f"{'s' if opts.warmup + opts.steps != 1 else ''}, over "
+                      f"--reference-limit {opts.reference_limit:g}", flush=True)
             print(f"      {phases}", flush=True)
-            if device().type == "cpu":
+            if device().type == "cpu" and theirs is not None:
                 print(f"      page faults per step: ours {mine['faults']:,.0f}, reference "
                       f"{theirs['faults']:,.0f} (reference allocator: "
                       f"{opts.reference_allocator})", flush=True)

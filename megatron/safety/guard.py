@@ -15,6 +15,12 @@ mean of the last `loss_spike_window` good losses. `bad_step_policy` says what fo
 - rollback: the newest good checkpoint is loaded and the batches since are skipped (the loop
   does it); after `max_rollbacks` rollbacks the run stops.
 
+A step skipped by fp16's dynamic loss scaling (`overflow`: the scaled gradients left fp16's
+range, DeepSpeed lowered the scale) is not bad: it is how the scaler finds its scale, and a run
+starting at 2^32 (`initial_scale_power: 32`) skips a dozen or more in a row. The training log
+counts them and shows the scale, as GPT-NeoX's does. Gradients that overflow at every scale
+end the run at `fp16.min_loss_scale` (loop.py).
+
 `healthy` is false while the last step was bad: the loop saves no checkpoint then.
 """
 
@@ -66,8 +72,12 @@ class StepGuard:
     def healthy(self) -> bool:
         return self.bad_in_row == 0
 
-    def after_step(self, iteration: int, loss: float, skipped: bool) -> Verdict:
-        """The verdict on the step that just ended at `iteration`."""
+    def after_step(self, iteration: int, loss: float, skipped: bool,
+                   overflow: bool = False) -> Verdict:
+        """The verdict on the step that just ended at `iteration`; `overflow`: it was skipped
+        by fp16's dynamic loss scaling (neither good nor bad, unless its loss is not finite)."""
+        if overflow and math.isfinite(loss):
+            return Verdict("ok")
         why = self._why_bad(loss, skipped)
         spike = why is not None and math.isfinite(loss) and not skipped
         if why is None or (spike and self.policy == "skip"):

@@ -276,18 +276,20 @@ def _train_steps(args, engine, state: RunState, train_iter, valid_iter, train_lo
     gbs = args.derived.train_batch_size
     saved_at = None
     interval_start = time.perf_counter()
+    scaling = engine.engine.fp16_enabled() and engine.engine.dynamic_loss_scale()
     while state.iteration < t.train_iters:
         train_log.before_step(state.iteration + 1)
         skipped = engine.engine.skipped_steps
         with profiler.step(state.iteration + 1), watchdog.phase("train step",
                                                                 state.iteration + 1):
-            loss, metrics = run_step(engine, train_iter, train=True)
+            loss, metrics = _scaled_step(args, engine, train_iter, state.iteration + 1)
         state.iteration += 1
         state.consumed_train_samples += gbs
         state.interval_losses.append(loss)
         state.interval_metrics.append(metrics)
         state.last_loss = loss
-        verdict = guard.after_step(state.iteration, loss, engine.engine.skipped_steps > skipped)
+        skipped = engine.engine.skipped_steps > skipped
+        verdict = guard.after_step(state.iteration, loss, skipped, overflow=skipped and scaling)
         if verdict.action != "ok" and _bad_step(args, engine, state, verdict):
             continue  # rolled back: the iteration count is the checkpoint's again
         if train_log.is_logged(state.iteration):
@@ -313,6 +315,21 @@ def _train_steps(args, engine, state: RunState, train_iter, valid_iter, train_lo
         if signum:
             _stop_on_signal(args, engine, state, guard, datasets, signum, saved_at)
     return saved_at
+
+
+def _scaled_step(args, engine, train_iter, iteration: int):
+    """run_step; with fp16, gradients that overflow at `min_loss_scale` stop the run
+    (DeepSpeed raises a bare Exception there, which reads as a crash)."""
+    try:
+        return run_step(engine, train_iter, train=True)
+    except Exception as err:
+        if "loss scale already at minimum" not in str(err):
+            raise
+        floor = engine.engine.dynamic_loss_scale_args()["min_scale"]
+        raise TrainingStopped(
+            f"training stopped: iteration {iteration}: the gradients overflow fp16 at its "
+            f"minimum loss scale (fp16.min_loss_scale {floor}), so no step can be applied. "
+            f"Lower the learning rate, or train in bf16. {_last_good(args)}") from None
 
 
 def _stop_on_signal(args, engine, state: RunState, guard, datasets, signum: int,

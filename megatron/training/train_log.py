@@ -2,9 +2,10 @@
 
 Every `log_interval` iterations (and at the last one) one record goes to the trackers: the mean
 `lm_loss` of the interval, `learning_rate`, the unclipped global `grad_norm` of the last step,
-`tokens_per_sec`, `iteration_time_ms`, `data_wait_ms`, `consumed_samples` and `memory_gib` (GPU
-peak allocated under CUDA, else the process's RSS). The console line adds the elapsed time and
-an ETA at the run's mean pace. Two config keys
+`tokens_per_sec`, `iteration_time_ms`, `data_wait_ms`, `consumed_samples`, `memory_gib` (GPU
+peak allocated under CUDA, else the process's RSS) and `skipped_iterations` (the interval's
+steps the optimizer did not apply), plus `loss_scale` under fp16, as GPT-NeoX logs them. The
+console line adds the elapsed time and an ETA at the run's mean pace. Two config keys
 add to it, as in GPT-NeoX:
 
 - `peak_theoretical_tflops`: `model_tflops_per_gpu`, the model TFLOP/s achieved per device
@@ -24,6 +25,7 @@ from megatron.monitoring.trackers import MetricsTracker
 from megatron.training.flops import mfu_percent, model_tflops_per_device
 from megatron.training.grad_norms import GradNormProbe
 from megatron.training.moe_log import MoEProbe
+from megatron.training.step import loss_gradient_scale
 
 
 class TrainLog:
@@ -43,6 +45,8 @@ class TrainLog:
         if model_config is not None and model_config.moe_num_experts > 1:
             self._moe = MoEProbe(engine, model_config)
         self._start_iteration = start_iteration
+        self._fp16 = engine.engine.fp16_enabled()
+        self._skipped = engine.engine.skipped_steps  # DeepSpeed's count when the interval began
         self._start_time = time.perf_counter()
         self.train_seconds = 0.0  # in the logged intervals: steps only, no eval or save
 
@@ -78,6 +82,15 @@ class TrainLog:
         if grad_norm is None:
             del metrics["grad_norm"]
         metrics["memory_gib"] = memory_gib()
+        skipped = max(0, engine.engine.skipped_steps - self._skipped)
+        self._skipped = engine.engine.skipped_steps
+        metrics["skipped_iterations"] = skipped
+        scaling = ""
+        if self._fp16:
+            metrics["loss_scale"] = loss_gradient_scale(engine.engine)
+            scaling = f"loss scale {metric_text(metrics['loss_scale'])} | "
+        if skipped:
+            scaling += f"skipped {skipped} | "
         objective = interval_means(engine.objective, step_metrics or [])
         metrics.update(objective)
         moe_metrics, moe_text = self._moe.take() if self._moe is not None else ({}, "")
@@ -85,7 +98,7 @@ class TrainLog:
         loss_name = getattr(engine.objective, "loss_name", "lm_loss")
         line = (f" iteration {iteration:>6}/{self._train_iters} | {loss_name} {loss:.4f} | "
                 + console_metrics(engine.objective, objective) + moe_text
-                + f"lr {lr:.3e} | "
+                + f"lr {lr:.3e} | " + scaling
                 + (f"grad_norm {grad_norm:.3f} | " if grad_norm is not None else "")
                 + f"{metrics['tokens_per_sec']:,.0f} tokens/s | {iter_time * 1e3:.1f} ms/iter")
         if self._peak is not None:

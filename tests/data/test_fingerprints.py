@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -172,12 +173,29 @@ def test_a_loader_worker_reading_an_index_that_shrank_names_it(prefixes):
     loader = build_data_loader(train, 0, micro_batch_size=2, data_parallel_rank=0,
                                data_parallel_size=1, num_workers=1)
     batches = iter(loader)
-    next(batches)
-    check_file_sizes(train)
-    os.truncate(a + ".idx", 0)
-    expected = f"{a}.idx shrank while training read it: expected {idx_bytes} bytes .* found 0 bytes"
-    with pytest.raises(TokenFileChanged, match=f"in DataLoader worker process 0(.|\n)*{expected}"):
-        for _ in batches:
-            pass
-    with pytest.raises(TokenFileChanged, match=f"^{expected}"):
+    try:
+        next(batches)
         check_file_sizes(train)
+        # the worker reads ahead: truncating under a read in flight, after its size check,
+        # kills it with SIGBUS (the loop then names the file from the main process)
+        wait_until_read_ahead(batches)
+        os.truncate(a + ".idx", 0)
+        expected = (f"{a}.idx shrank while training read it: expected {idx_bytes} bytes .* "
+                    "found 0 bytes")
+        with pytest.raises(TokenFileChanged,
+                           match=f"in DataLoader worker process 0(.|\n)*{expected}"):
+            for _ in batches:
+                pass
+        with pytest.raises(TokenFileChanged, match=f"^{expected}"):
+            check_file_sizes(train)
+    finally:  # a worker left running would fail pytest itself when it dies
+        batches._shutdown_workers()
+
+
+def wait_until_read_ahead(batches, timeout: float = 60.0) -> None:
+    """Until the loader's workers have delivered every batch asked of them, so that they wait
+    for the next index and read nothing."""
+    deadline = time.monotonic() + timeout
+    while batches._data_queue.qsize() < batches._tasks_outstanding:
+        assert time.monotonic() < deadline, "the loader's worker delivered nothing in time"
+        time.sleep(0.01)

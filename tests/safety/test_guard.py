@@ -74,3 +74,18 @@ def test_skip_keeps_a_spike_in_the_mean_because_its_update_was_applied():
 def test_unknown_policy_lists_the_valid_ones():
     with pytest.raises(ValueError, match="valid: skip, stop, rollback"):
         StepGuard("retry")
+
+
+@pytest.mark.parametrize("policy", ["skip", "stop", "rollback"])
+def test_fp16_overflows_are_neither_good_nor_bad_steps(policy):
+    """A step skipped by fp16's dynamic loss scaling is the scaler finding its scale: any
+    number of them in a row, under any policy, goes on; a non-finite loss is still bad."""
+    guard = StepGuard(policy, max_bad_steps=2)
+    assert [guard.after_step(i, 7.5, True, overflow=True).action for i in range(1, 20)] \
+        == ["ok"] * 19
+    assert guard.healthy
+    assert guard.after_step(20, math.nan, True, overflow=True).action == {
+        "skip": "warn", "stop": "stop", "rollback": "rollback"}[policy]
+    if policy == "skip":  # an overflow after a bad step does not make the run sound again
+        assert guard.after_step(21, 7.5, True, overflow=True).action == "ok"
+        assert not guard.healthy

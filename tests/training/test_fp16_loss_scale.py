@@ -17,10 +17,20 @@ from tests.distributed import run_distributed
 from tests.gpu.test_cuda import _fp16_scaler, check_fp16_scaler
 
 
-def _on_cpu(rank, world, directory: Path, pipe: int) -> dict:
+def allow_fp16_on_cpu() -> None:
+    """Lift our refusal of fp16 on CPU, and DeepSpeed's where oneDNN has no fp16 kernels
+    (CPUs without AVX-512 FP16 or AMX): the step's products run in fp32 there anyway
+    (cpu_matmul_precision auto, megatron/mpu/products.py)."""
+    from deepspeed.accelerator import get_accelerator
+
     import megatron.training.engine as engine
 
     engine.check_precision_supported = lambda precision: None
+    type(get_accelerator()).is_fp16_supported = lambda self: True
+
+
+def _on_cpu(rank, world, directory: Path, pipe: int) -> dict:
+    allow_fp16_on_cpu()
     return _fp16_scaler(rank, world, directory, pipe)
 
 
