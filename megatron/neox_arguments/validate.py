@@ -10,17 +10,16 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Iterator, Mapping
 
-from ..monitoring.logger import get_logger
 from . import derived as d
 from .errors import ConfigError
 from .registries import REGISTRIES, check_choice
 from .sections.deepspeed import BF16_KEYS, FP16_KEYS, GRAD_ACCUM_DTYPES, NEOX_FP16_EXTRA_KEYS
 from .sections.launcher import MPI_LAUNCHERS
+from .sections.optimization import OPTIMIZER_PARAMS
 from .validate_mamba import mamba_rules
 from .validate_moe import moe_rules
 from .validate_post_training import post_training_rules
 
-log = get_logger(__name__)
 
 Config = Mapping[str, Any]
 REQUIRED = (
@@ -328,6 +327,36 @@ def _data_types(c: Config, world_size: int | None) -> Iterator[str]:
                "bf16 and fp32, DeepSpeed's bf16 optimizer), or remove data_types.")
 
 
+def _optimizer_params(kind: str, params: dict) -> Iterator[str]:
+    """optimizer.params: only the keys the type's optimizer takes, each of its type; the values
+    the torch optimizers cannot give are refused by name."""
+    known = OPTIMIZER_PARAMS.get(kind.lower())
+    if known is None:  # a type that is not implemented: refused by _choice
+        return
+    unknown = sorted(set(params) - set(known) - {"weight_decay"})  # which is refused below
+    if unknown:
+        yield (f"optimizer.params has {', '.join(unknown)}, which optimizer type {kind} does not "
+               f"take; valid: {', '.join(known)}.")
+    for key in ("adam_w_mode", "bias_correction", "amsgrad", "set_grad_none", "nesterov"):
+        if key in params and not isinstance(params[key], bool):
+            yield f"optimizer.params.{key}({params[key]!r}) must be true or false."
+    if params.get("bias_correction") is False:
+        yield ("optimizer.params.bias_correction(false) is not supported: torch's Adam always "
+               "corrects the moments' bias; remove the key.")
+    if params.get("amsgrad") is True:
+        yield ("optimizer.params.amsgrad(true) is not supported (GPT-NeoX's FusedAdam refuses it "
+               "too); remove the key.")
+    for key in ("momentum", "dampening"):
+        value = params.get(key, 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            yield f"optimizer.params.{key}({value!r}) must be a number in [0, 1]."
+    if params.get("nesterov") is True and (params.get("momentum", 0.0) <= 0
+                                           or params.get("dampening", 0.0) != 0):
+        yield ("optimizer.params.nesterov(true) needs momentum greater than 0 and dampening 0 "
+               f"(momentum {params.get('momentum', 0.0)}, dampening "
+               f"{params.get('dampening', 0.0)}).")
+
+
 def _optimizer(c: Config, world_size: int | None) -> Iterator[str]:
     opt = c["optimizer"]
     extra = sorted(set(opt) - {"type", "params"})
@@ -350,11 +379,12 @@ def _optimizer(c: Config, world_size: int | None) -> Iterator[str]:
     eps = params.get("eps", 1e-8)
     if not isinstance(eps, (int, float)) or not eps > 0:
         yield f"optimizer.params.eps({eps!r}) must be a number greater than 0."
+    yield from _optimizer_params(opt["type"], params)
     if "weight_decay" in params:
-        log.warning(
-            "optimizer.params.weight_decay(%s) is ignored; the top-level weight_decay(%s) is used.",
-            params["weight_decay"], c["weight_decay"],
-        )
+        yield (f"optimizer.params.weight_decay({params['weight_decay']}) would not be used: the "
+               f"top-level weight_decay({c['weight_decay']}) decays the matrices. Move the value "
+               "to weight_decay (GPT-NeoX stops on this key too: its optimizer receives "
+               "weight_decay twice).")
     if c["min_lr"] > lr:
         yield f"min_lr({c['min_lr']}) > optimizer.params.lr({lr}); min_lr must be at most lr."
     for key in ("min_lr", "weight_decay", "gradient_clipping"):

@@ -54,15 +54,18 @@ def _fusable(groups) -> bool:
 
 
 def _adamw(groups, params: dict) -> torch.optim.Optimizer:
+    """Decoupled weight decay (AdamW), or with `adam_w_mode: false` (FusedAdam's switch) the
+    decay added to the gradient (Adam with L2). The moments are the same tensors either way."""
     # fused: one kernel for all parameters instead of a Python loop over them (torch only picks
     # a multi-tensor path by itself on CUDA)
-    return torch.optim.AdamW(groups, lr=params.get("lr", 1e-3),
-                             betas=tuple(params.get("betas", (0.9, 0.999))),
-                             eps=params.get("eps", 1e-8), fused=_fusable(groups))
+    kind = torch.optim.AdamW if params.get("adam_w_mode", True) else torch.optim.Adam
+    return kind(groups, lr=params.get("lr", 1e-3), betas=tuple(params.get("betas", (0.9, 0.999))),
+                eps=params.get("eps", 1e-8), fused=_fusable(groups))
 
 
 def _sgd(groups, params: dict) -> torch.optim.Optimizer:
     return torch.optim.SGD(groups, lr=params.get("lr", 1e-3), momentum=params.get("momentum", 0.0),
+                           dampening=params.get("dampening", 0.0),
                            nesterov=params.get("nesterov", False), foreach=True)
 
 

@@ -64,6 +64,26 @@ CASES = [
     ({"optimizer": {"type": "Adam", "params": {"lr": 0.1, "betas": [0.9]}}}, None,
      "optimizer.params.betas([0.9]) must be two numbers in [0, 1)"),
     ({"optimizer": {"lr": 0.1}}, None, "optimizer must look like {type: Adam, params:"),
+    # a misspelt or foreign key would otherwise train with the default
+    ({"optimizer": {"type": "Adam", "params": {"lr": 0.1, "beta": [0.9, 0.95]}}}, None,
+     "optimizer.params has beta, which optimizer type Adam does not take; valid: lr, betas, "
+     "eps, adam_w_mode, bias_correction, amsgrad, set_grad_none."),
+    ({"optimizer": {"type": "Adam", "params": {"lr": 0.1, "weight_decay": 0.5}}}, None,
+     "optimizer.params.weight_decay(0.5) would not be used: the top-level weight_decay(0.1) "
+     "decays the matrices. Move the value to weight_decay"),
+    ({"optimizer": {"type": "AdamW", "params": {"lr": 0.1, "momentum": 0.9}}}, None,
+     "optimizer.params has momentum, which optimizer type AdamW does not take"),
+    ({"optimizer": {"type": "SGD", "params": {"lr": 0.1, "eps": 1e-8}}}, None,
+     "optimizer.params has eps, which optimizer type SGD does not take; valid: lr, momentum, "
+     "dampening, nesterov."),
+    ({"optimizer": {"type": "Adam", "params": {"lr": 0.1, "amsgrad": True}}}, None,
+     "optimizer.params.amsgrad(true) is not supported"),
+    ({"optimizer": {"type": "Adam", "params": {"lr": 0.1, "bias_correction": False}}}, None,
+     "optimizer.params.bias_correction(false) is not supported"),
+    ({"optimizer": {"type": "Adam", "params": {"lr": 0.1, "adam_w_mode": "no"}}}, None,
+     "optimizer.params.adam_w_mode('no') must be true or false."),
+    ({"optimizer": {"type": "SGD", "params": {"lr": 0.1, "nesterov": True}}}, None,
+     "optimizer.params.nesterov(true) needs momentum greater than 0 and dampening 0"),
     ({"pos_emb": "rpe"}, None, "pos_emb 'rpe' is a GPT-NeoX choice this project does not support yet"),
     ({"norm": "batchnorm"}, None,
      "norm 'batchnorm' is not a valid choice; choose one of: layernorm, rmsnorm, scalenorm"),

@@ -10,6 +10,16 @@ from ..fields import option
 ADAM_DEFAULT_BETAS = (0.9, 0.999)
 ADAM_DEFAULT_EPS = 1.0e-8
 DEFAULT_LR = 0.001
+# What optimizer.params may hold, by optimizer.type: GPT-NeoX passes params to the optimizer's
+# constructor (DeepSpeed's FusedAdam for Adam, MuSGD for SGD), so these are those arguments.
+# weight_decay is refused (the top-level key decays the matrices); bias_correction false
+# and amsgrad true are refused (torch's Adam has no switch for the first; FusedAdam refuses the
+# second); set_grad_none decides how FusedAdam frees gradients and changes no result.
+OPTIMIZER_PARAMS = {
+    "adam": ("lr", "betas", "eps", "adam_w_mode", "bias_correction", "amsgrad", "set_grad_none"),
+    "sgd": ("lr", "momentum", "dampening", "nesterov"),
+}
+OPTIMIZER_PARAMS["adamw"] = OPTIMIZER_PARAMS["adam"]
 
 
 @dataclass(frozen=True)
