@@ -19,7 +19,7 @@ only as a fine-tune, and fp16 is asked for only where a local launch has CUDA
 For a run that loads a checkpoint:
 - the model shape the manifest records (layers, widths, heads, experts) is this config's
   (checkpointing.model_shape.shape_mismatches, A23; the workers check it again), for
-  generate.py and eval.py too;
+  generate.py and eval.py too, which also refuse a reward model's checkpoint;
 - the padded vocabulary: the checkpoint's own size must split over this run's
   model_parallel_size and hold the tokenizer's ids (checkpointing.model_shape.resumed_vocab;
   the workers build the model with that size);
@@ -55,7 +55,7 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
     if name in MEMORY_SCRIPTS:
         _check_memory(args, name, tokenizer, workers_here)
     if name not in LOADING_SCRIPTS:
-        _check_inference_shape(args)
+        _check_inference_shape(args, name)
         return
     from megatron.safety.lock import check_free
 
@@ -88,15 +88,22 @@ def _check_shape(args, saved: dict, step_dir: Path) -> None:
                          "with")
 
 
-def _check_inference_shape(args) -> None:
-    """generate.py and eval.py: the checkpoint they would read holds this config's model shape
-    (the workers compare every architecture key again when they load it)."""
+def _check_inference_shape(args, script: str) -> None:
+    """generate.py and eval.py: the checkpoint they would read is a language model (not a
+    reward model's value head) of this config's shape (the workers compare every architecture
+    key again when they load it)."""
     from megatron.checkpointing.locate import planned_manifest
+    from megatron.checkpointing.model_shape import reward_model_refusal
 
     ck = args.checkpoint
     manifest = planned_manifest(Path(ck.load), ck.iteration) if ck.load else None
-    if manifest is not None:
-        _check_shape(args, manifest.run, Path(ck.load) / manifest.tag)
+    if manifest is None:
+        return
+    step_dir = Path(ck.load) / manifest.tag
+    if manifest.run.get("value_head"):
+        raise ValueError(reward_model_refusal(
+            step_dir, "generation" if script == "generate.py" else "evaluation"))
+    _check_shape(args, manifest.run, step_dir)
 
 
 def _tokenizer(args):

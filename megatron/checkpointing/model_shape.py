@@ -78,6 +78,13 @@ def head_change(saved: dict, current: dict, finetune: bool, where) -> bool:
     return True
 
 
+def reward_model_refusal(where, what: str) -> str:
+    """Why a reward model's checkpoint cannot serve `what`, which needs next-token logits."""
+    return (f"checkpoint {where} is a reward model (train_impl rm: a value head in place of the "
+            f"LM head); {what} needs a language model: load the checkpoint the reward model was "
+            "trained from, or a policy checkpoint")
+
+
 def resumed_vocab(default: int, saved: int | None, tp: int, token_ids: int, where) -> int:
     """The padded vocabulary of a run that loads the checkpoint `where`: its own (saved) size,
     whatever tensor-parallel degree wrote it, when this run's degree `tp` divides it; `default`

@@ -25,7 +25,7 @@ import torch
 from megatron.checkpointing.layout import CONFIG_NAME, iteration_of
 from megatron.checkpointing import neox_format
 from megatron.checkpointing.locate import open_verified, step_directory
-from megatron.checkpointing.model_shape import describe_shape
+from megatron.checkpointing.model_shape import describe_shape, reward_model_refusal
 from megatron.checkpointing.weights import full_weights
 
 
@@ -50,10 +50,7 @@ class CheckpointWeights:
         next-token logits."""
         saved = self.saved_args
         if saved is not None and saved.training.train_impl == "rm":
-            raise ValueError(f"checkpoint {self.step_dir} is a reward model (train_impl rm: a "
-                             f"value head in place of the LM head); {what} needs a language "
-                             "model: load the checkpoint the reward model was trained from, or "
-                             "a policy checkpoint")
+            raise ValueError(reward_model_refusal(self.step_dir, what))
 
     def saved_model_config(self, run_args, padded_vocab_size: int):
         """The ModelConfig of the checkpoint's own architecture (see the module docstring)."""

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.posttraining.runs import greedy_accuracy, posttrain
-from tests.runs import ROOT, explain
+from tests.runs import ROOT, deepy, explain
 
 pytestmark = pytest.mark.slow
 
@@ -116,3 +116,29 @@ def test_a_reward_model_ranks_held_out_pairs_and_exports_to_hugging_face(chat_fi
         mine = ours(ids, torch.arange(9).expand(2, 9))[:, -1]  # the value at the last token
         theirs = hf(ids).logits.squeeze(-1)  # HF reads the last token that is not padding
     assert torch.allclose(mine, theirs, atol=1e-5), (mine, theirs)
+    refuses_a_reward_model(chat_files, run / "ckpt", tmp_path)
+
+
+def refuses_a_reward_model(chat_files, ckpt: Path, tmp_path: Path) -> None:
+    """generate.py, eval.py and DPO on a reward model's checkpoint: one error line from
+    deepy.py, naming the checkpoint, before any worker starts."""
+    step_dir = ckpt / (ckpt / "latest").read_text()
+    common = [f"load={ckpt}", f"vocab_file={chat_files.vocab_file}", "tokenizer_type=HFTokenizer",
+              "save=null", "seq_length=64", "max_position_embeddings=64", "num_gpus=1"]
+    needs = {"generate.py": "generation", "eval.py": "evaluation"}
+    runs = {script: deepy(script, "configs/tiny.yml", *extra, *common)
+            for script, extra in (
+                ("generate.py", ["configs/text_generation.yml",
+                                 f"sample_output_file={tmp_path / 'samples.jsonl'}"]),
+                ("eval.py", ["eval_tasks=[lambada_openai]"]))}
+    for script, proc in runs.items():
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
+        assert proc.returncode == 1 and errors == [
+            f"error: checkpoint {step_dir} is a reward model (train_impl rm: a value head in "
+            f"place of the LM head); {needs[script]} needs a language model: load the checkpoint "
+            "the reward model was trained from, or a policy checkpoint"], explain(proc)
+        assert "launching" not in proc.stderr + proc.stdout
+    dpo = posttrain(chat_files, tmp_path / "dpo", "dpo", check=False, load=ckpt, finetune=True)
+    assert dpo.returncode == 1 and f"checkpoint {step_dir} is a reward model" in dpo.stderr, \
+        explain(dpo)
+    assert "launching" not in dpo.stderr + dpo.stdout
