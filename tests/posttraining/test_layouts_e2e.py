@@ -1,8 +1,9 @@
 """Every post-training objective computes the same model whatever the layout, and resumes
 exactly, as pretraining does (tests/e2e/test_equivalence.py): for SFT, DPO, KTO and the reward
 model, 6 steps on one process are the reference; tensor x pipeline parallelism (tp2 x pp2, 4
-processes) and, for DPO and KTO, data parallelism with ZeRO 1 (2 processes) log the same loss
-and metrics at every step (within 2e-5 relative), and a run resumed from the reference's
+processes) and data parallelism over 2 processes with ZeRO 1 (DPO, KTO), 2 (KTO) and 3 (DPO,
+the reward model) log the same loss and metrics at every step (within 2e-5 relative), and a
+run resumed from the reference's
 checkpoint of step 3 logs exactly the reference's steps 4..6 (DPO reloads the reference model
 from the checkpoint recorded at the start, not from the one resumed)."""
 
@@ -19,7 +20,10 @@ from tests.posttraining.runs import posttrain
 pytestmark = pytest.mark.slow
 OBJECTIVES = ["normal", "dpo", "kto", "rm"]
 LAYOUTS = {"tp2xpp2": dict(num_gpus=4, model_parallel_size=2, pipe_parallel_size=2),
-           "dp2-zero1": dict(num_gpus=2, zero_optimization="{stage: 1}")}
+           "dp2-zero1": dict(num_gpus=2, zero_optimization="{stage: 1}"),
+           # DeepSpeed's pipeline engine takes ZeRO 0 and 1 only: stages 2 and 3 run without one
+           "dp2-zero2": dict(num_gpus=2, zero_optimization="{stage: 2}", pipe_parallel_size=0),
+           "dp2-zero3": dict(num_gpus=2, zero_optimization="{stage: 3}", pipe_parallel_size=0)}
 # an unpadded vocabulary (as GPT-NeoX's post-training configs have it) is the same at every
 # tensor-parallel degree, so SFT from scratch starts from the same weights in every layout;
 # Adam's eps of 1e-4 for the reason tests/e2e/test_equivalence.py gives
@@ -64,8 +68,11 @@ def assert_same(got: list[dict], want: list[dict], rel: float = 2e-5) -> None:
 # every objective at tp2 x pp2 (its loss on the last stage, the reference model and the value
 # head split over tensor ranks); data parallelism with ZeRO 1 for the objectives whose metrics
 # are reduced over pairs and over the batch (DPO, KTO's KL estimate): SFT's and the reward
-# model's reduction is pretraining's, proven in tests/e2e/test_equivalence.py
-CASES = [(impl, "tp2xpp2") for impl in OBJECTIVES] + [("dpo", "dp2-zero1"), ("kto", "dp2-zero1")]
+# model's reduction is pretraining's, proven in tests/e2e/test_equivalence.py; ZeRO 2 and 3
+# (weights partitioned under the policy, the reference model beside it, the value head)
+CASES = [(impl, "tp2xpp2") for impl in OBJECTIVES] + [("dpo", "dp2-zero1"), ("kto", "dp2-zero1"),
+                                                      ("dpo", "dp2-zero3"), ("kto", "dp2-zero2"),
+                                                      ("rm", "dp2-zero3")]
 
 
 @pytest.mark.parametrize("impl, layout", CASES)
