@@ -20,14 +20,14 @@ from pathlib import Path
 import torch
 
 from megatron.model.config import ModelConfig, model_config_from_args
-from megatron.checkpointing.model_shape import FIELD_LABELS, compared_fields
+from megatron.checkpointing.model_shape import FIELD_LABELS, compared_fields, field_text
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 # how the config spells a ModelConfig field, where it differs
 _CONFIG_KEYS = {"tied_embeddings": "tied embeddings (no_weight_tying false)",
                 "norm_epsilon": "norm epsilon (layernorm_epsilon / rms_norm_epsilon)",
-                "attention_types": "attention_config", **FIELD_LABELS}
+                **FIELD_LABELS}
 
 
 def import_from_hf(hf_dir: Path, args, save_dir: Path, tp: int | None = None,
@@ -111,10 +111,10 @@ def check_same_model(config: ModelConfig, hf_model: ModelConfig, tokenizer_ids: 
                      hf_dir: Path) -> None:
     """ValueError naming every architecture key where the config and the HF model differ."""
     where = hf_dir / "config.json"
-    problems = [f"{_CONFIG_KEYS.get(name, name)}: {getattr(config, name)!r} in the config vs "
-                f"{getattr(hf_model, name)!r} in {where}"
-                for name in compared_fields(config, hf_model) if name != "sliding_window_width"
-                and getattr(config, name) != getattr(hf_model, name)]
+    problems = [f"{_CONFIG_KEYS.get(name, name)}: {field_text(name, getattr(config, name))} in "
+                f"the config vs {field_text(name, getattr(hf_model, name))} in {where}"
+                for name in compared_fields(config, hf_model)
+                if getattr(config, name) != getattr(hf_model, name)]
     rows, padded = hf_model.padded_vocab_size, config.padded_vocab_size
     if rows > padded:
         problems.append(f"vocabulary: {where} has vocab_size {rows} but the config pads its "

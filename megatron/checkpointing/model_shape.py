@@ -24,7 +24,8 @@ ARCHITECTURE_FIELDS = (
     "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "intermediate_size",
     "pos_emb", "rotary_pct", "rotary_emb_base", "norm", "norm_epsilon", "activation",
     "tied_embeddings", "gpt_j_residual", "gpt_j_tied", "use_bias_in_norms",
-    "use_bias_in_attn_linear", "use_bias_in_mlp", "attention_types", "sliding_window_width",
+    "use_bias_in_attn_linear", "use_bias_in_mlp",
+    "layer_attention",  # a property: attention_config and sliding_window_width, by what they compute
     "gelu_approximation",  # a property: bias_gelu_fusion with activation gelu
     "moe_num_experts", "moe_expert_interval", "moe_top_k", "moe_router_type",
     "moe_normalize_topk", "mamba_inner_size", "mamba_use_bias_in_conv",
@@ -34,11 +35,11 @@ ARCHITECTURE_FIELDS = (
 # without rotary positions does not use: not compared there
 TRANSFORMER_FIELDS = frozenset({
     "num_attention_heads", "num_kv_heads", "intermediate_size", "activation", "gpt_j_residual",
-    "gpt_j_tied", "use_bias_in_attn_linear", "use_bias_in_mlp", "sliding_window_width",
-    "gelu_approximation"})
+    "gpt_j_tied", "use_bias_in_attn_linear", "use_bias_in_mlp", "gelu_approximation"})
 ROTARY_FIELDS = frozenset({"rotary_pct", "rotary_emb_base"})
 # how a mismatch names a field that is not a config key of its own
-FIELD_LABELS = {"gelu_approximation": "GELU approximation (bias_gelu_fusion)"}
+FIELD_LABELS = {"gelu_approximation": "GELU approximation (bias_gelu_fusion)",
+                "layer_attention": "attention (attention_config, sliding_window_width)"}
 
 
 def describe_shape(args, padded_vocab_size: int | None) -> dict:
@@ -141,6 +142,21 @@ def compared_fields(a, b) -> tuple[str, ...]:
     return tuple(n for n in ARCHITECTURE_FIELDS if n not in skip)
 
 
+def field_text(name: str, value) -> str:
+    """An architecture field's value as a mismatch shows it; `layer_attention` as runs of
+    layers: '2 x all earlier keys, 2 x mamba', '32 x 4097 keys'."""
+    if name != "layer_attention":
+        return repr(value)
+    runs: list[list] = []
+    for kind in value:
+        if runs and runs[-1][0] == kind:
+            runs[-1][1] += 1
+        else:
+            runs.append([kind, 1])
+    names = {None: "all earlier keys", "mamba": "mamba"}
+    return ", ".join(f"{n} x {names.get(kind, f'{kind} keys')}" for kind, n in runs)
+
+
 def architecture_mismatches(run, saved) -> list[str]:
     """`key: run value vs checkpoint value` for every architecture field of two ModelConfigs
     that differs."""
@@ -150,8 +166,8 @@ def architecture_mismatches(run, saved) -> list[str]:
         assert name in names or hasattr(run, name), name
         a, b = getattr(run, name), getattr(saved, name)
         if a != b:
-            out.append(f"{FIELD_LABELS.get(name, name)}: {a!r} in this run's config vs {b!r} in "
-                       "the checkpoint's")
+            out.append(f"{FIELD_LABELS.get(name, name)}: {field_text(name, a)} in this run's "
+                       f"config vs {field_text(name, b)} in the checkpoint's")
     if saved.pos_emb == "learned" and run.max_position_embeddings != saved.max_position_embeddings:
         out.append(f"max_position_embeddings (learned position table): "
                    f"{run.max_position_embeddings} vs {saved.max_position_embeddings}")

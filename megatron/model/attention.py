@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from megatron.model.attention_impls import attention_impl
+from megatron.model.config import attention_window
 from megatron.mpu.products import upcast
 from megatron.model.positional import RotaryEmbedding, alibi_slopes
 from megatron.mpu.groups import NO_TP, TensorParallel
@@ -18,19 +19,6 @@ from megatron.mpu.layers import ColumnParallelLinear, RowParallelLinear
 def rotary_ndims(config) -> int:
     """Channels of each head that rotary rotates: int(head_dim * rotary_pct), as GPT-NeoX."""
     return int(config.head_dim * config.rotary_pct)
-
-
-def attention_window(attention_type: str, sliding_window_width: int | None) -> int | None:
-    """How many keys (the query's own included) a query sees, or None for all earlier ones.
-    `flash` with sliding_window_width W is flash-attn's causal window_size=(W, -1) as GPT-NeoX
-    passes it: keys i-W .. i, W + 1 of them; `local` sees the W keys i-W+1 .. i."""
-    if sliding_window_width is None:
-        return None
-    if attention_type == "flash":
-        return sliding_window_width + 1
-    if attention_type == "local":
-        return sliding_window_width
-    return None
 
 
 class SelfAttention(nn.Module):

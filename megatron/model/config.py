@@ -84,6 +84,17 @@ class ModelConfig:
         """'tanh' where the activation is GPT-NeoX's bias_gelu_fusion GELU, else 'none'."""
         return "tanh" if self.activation == "gelu" and self.bias_gelu_fusion else "none"
 
+    @property
+    def layer_attention(self) -> tuple:
+        """What each layer's token mixing computes: 'mamba', or how many keys a query sees
+        (None: every earlier one). attention_config kinds that compute the same compare equal:
+        `global` and `flash` (flash-attn or SDPA computing the same attention), and a window
+        given either way (`attention_window`)."""
+        kinds = self.attention_types or ("global",) * self.num_layers
+        return tuple("mamba" if kind == "mamba" else attention_window(kind,
+                                                                      self.sliding_window_width)
+                     for kind in kinds)
+
     def is_moe_layer(self, layer_number: int) -> bool:
         """Whether transformer layer `layer_number` (0-based) has experts in place of its MLP:
         GPT-NeoX's rule, every layer whose number is a multiple of moe_expert_interval."""
@@ -102,6 +113,19 @@ class ModelConfig:
         if not self.attention_types:
             return "global"
         return self.attention_types[layer_number]
+
+
+def attention_window(attention_type: str, sliding_window_width: int | None) -> int | None:
+    """How many keys (the query's own included) a query sees, or None for all earlier ones.
+    `flash` with sliding_window_width W is flash-attn's causal window_size=(W, -1) as GPT-NeoX
+    passes it: keys i-W .. i, W + 1 of them; `local` sees the W keys i-W+1 .. i."""
+    if sliding_window_width is None:
+        return None
+    if attention_type == "flash":
+        return sliding_window_width + 1
+    if attention_type == "local":
+        return sliding_window_width
+    return None
 
 
 def norm_bias(norm: str, use_bias_in_norms: bool | None) -> bool:
