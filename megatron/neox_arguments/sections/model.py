@@ -92,7 +92,9 @@ class ModelArgs:
         None, "Window in tokens of local attention layers (required when any layer is local)."
     )
     attention_softmax_in_fp32: bool = option(
-        False, "Compute the attention softmax in float32 under fp16/bf16."
+        False, "Compute the attention softmax in float32 under fp16/bf16. SDPA and flash-attn "
+        "always do (as GPT-NeoX's flash and fused-softmax paths), so false changes nothing here "
+        "but the plain attention the tests compare the kernels with."
     )
     output_layer_parallelism: str = option(
         "column",
