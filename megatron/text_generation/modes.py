@@ -35,14 +35,15 @@ log = get_logger(__name__)
 
 
 def read_prompts(path: str, prompt_end: str) -> list[str]:
-    """Prompts of an input file split on prompt_end; empty ones are dropped (and counted)."""
+    """Prompts of an input file split on prompt_end, each stripped of surrounding whitespace
+    (a carriage return too), as GPT-NeoX reads them; blank ones are dropped (and counted)."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"sample_input_file {path} does not exist")
     parts = p.read_text(encoding="utf-8").split(prompt_end)
-    if parts and parts[-1] == "":  # the file ends with the separator
+    if parts and not parts[-1].strip():  # the file ends with the separator
         parts.pop()
-    prompts = [x for x in parts if x]
+    prompts = [x.strip() for x in parts if x.strip()]
     if len(prompts) < len(parts):
         log.warning("%s: skipped %d empty prompt(s)", path, len(parts) - len(prompts))
     if not prompts:
