@@ -152,8 +152,13 @@ def test_results_go_under_log_dir_when_no_prefix_is_given(trained, tmp_path, mon
     before = set(ROOT.iterdir())
     args = NeoXArgs.from_ymls([ROOT / "configs/tiny.yml"], trained["overrides"] + [
         "num_gpus=1", f"eval_tasks=[{TASKS / 'tiny_mc.yaml'}]", "eval_bootstrap_iters=0",
-        f"log_dir={tmp_path / 'logs'}", "distributed_timeout_minutes=1"])
-    assert run_evaluation(args)["results"]["tiny_mc"]
+        f"log_dir={tmp_path / 'logs'}", "distributed_timeout_minutes=1", "eval_limit=2",
+        "eval_num_fewshot=1"])
+    results = run_evaluation(args)
+    assert results["results"]["tiny_mc"]
+    # eval_limit and eval_num_fewshot reach lm-eval: 2 of the 5 questions, with one example
+    assert results["n-samples"]["tiny_mc"] == {"original": 5, "effective": 2}
+    assert results["n-shot"]["tiny_mc"] == 1
     (path,) = (tmp_path / "logs" / "eval").glob("eval_results_*.json")
     assert json.loads(path.read_text())["checkpoint"]["iteration"] == 30
     assert set(ROOT.iterdir()) == before
