@@ -54,9 +54,15 @@ class RunState:
     consumed_valid_samples: int = 0
     interval_losses: list = field(default_factory=list)
     interval_metrics: list = field(default_factory=list)  # the objective's, one dict per step
+    interval_applied: list = field(default_factory=list)  # per step: the optimizer applied it
     data_fingerprints: dict = field(default_factory=dict)
     last_loss: float | None = None  # of the last step, recorded in the manifest
     reference: dict | None = None  # where DPO/KTO's reference model is read from
+
+    def clear_interval(self) -> None:
+        """Start a new log interval."""
+        for steps in (self.interval_losses, self.interval_metrics, self.interval_applied):
+            steps.clear()
 
     def client_state(self) -> dict:
         state = {"consumed_train_samples": self.consumed_train_samples,
@@ -289,6 +295,7 @@ def _train_steps(args, engine, state: RunState, train_iter, valid_iter, train_lo
         state.interval_metrics.append(metrics)
         state.last_loss = loss
         skipped = engine.engine.skipped_steps > skipped
+        state.interval_applied.append(not skipped)
         verdict = guard.after_step(state.iteration, loss, skipped, overflow=skipped and scaling)
         if verdict.action != "ok" and _bad_step(args, engine, state, verdict):
             continue  # rolled back: the iteration count is the checkpoint's again
@@ -296,9 +303,8 @@ def _train_steps(args, engine, state: RunState, train_iter, valid_iter, train_lo
             elapsed = time.perf_counter() - interval_start
             train_log.log(engine, state.iteration, state.interval_losses,
                           state.consumed_train_samples, elapsed, train_iter.take_wait(),
-                          state.interval_metrics)
-            state.interval_losses.clear()
-            state.interval_metrics.clear()
+                          state.interval_metrics, state.interval_applied)
+            state.clear_interval()
             interval_start = time.perf_counter()
         if t.eval_interval and state.iteration % t.eval_interval == 0 and valid_iter is not None:
             _evaluate(args, engine, state, valid_iter, train_log.tracker, summary, tasks=tasks)
@@ -368,7 +374,7 @@ def _bad_step(args, engine, state: RunState, verdict) -> bool:
     skipped = state.iteration - good
     state.iteration = good
     state.consumed_train_samples, state.consumed_valid_samples = consumed
-    state.interval_losses.clear()
+    state.clear_interval()
     if dist.get_rank() == 0:
         log.warning("%s; rolled back to %s/global_step%d, skipping the %d batches since",
                     verdict.message, root, good, skipped)

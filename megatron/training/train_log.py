@@ -1,7 +1,8 @@
 """The training record of each log interval: its console line and its metrics.
 
 Every `log_interval` iterations (and at the last one) one record goes to the trackers: the mean
-`lm_loss` of the interval, `learning_rate`, the unclipped global `grad_norm` of the last step,
+`lm_loss` of the interval's applied steps (as GPT-NeoX, none when the optimizer skipped every
+one), `learning_rate`, the unclipped global `grad_norm` of the last step,
 `tokens_per_sec`, `iteration_time_ms`, `data_wait_ms`, `consumed_samples`, `memory_gib` (GPU
 peak allocated under CUDA, else the process's RSS) and `skipped_iterations` (the interval's
 steps the optimizer did not apply), plus `loss_scale` under fp16, as GPT-NeoX logs them. The
@@ -65,11 +66,17 @@ class TrainLog:
             self._probe.arm()
 
     def log(self, engine, iteration: int, losses: list[float], consumed_samples: int,
-            elapsed: float, data_wait: float, step_metrics: list[dict] | None = None) -> None:
+            elapsed: float, data_wait: float, step_metrics: list[dict] | None = None,
+            applied: list[bool] | None = None) -> None:
         """Record the interval of `len(losses)` iterations that ends at `iteration`, with the
-        training objective's metrics of each step (`step_metrics`)."""
+        training objective's metrics of each step (`step_metrics`). As in GPT-NeoX, the loss
+        and the objective's metrics are the means over the steps the optimizer applied
+        (`applied`; all when not given): an interval of skipped steps only has none."""
         n = len(losses)
-        loss = sum(losses) / n
+        applied = applied if applied is not None else [True] * n
+        kept = [value for value, ok in zip(losses, applied) if ok]
+        loss = sum(kept) / len(kept) if kept else None
+        step_metrics = [m for m, ok in zip(step_metrics or [], applied) if ok]
         lr = engine.lr_scheduler.get_lr()[0]
         grad_norm = engine.engine.get_global_grad_norm()
         grad_norm = float(grad_norm) if grad_norm is not None else None
@@ -79,8 +86,9 @@ class TrainLog:
                    "tokens_per_sec": self._tokens_per_iter / iter_time,
                    "iteration_time_ms": iter_time * 1e3, "data_wait_ms": data_wait / n * 1e3,
                    "consumed_samples": consumed_samples}
-        if grad_norm is None:
-            del metrics["grad_norm"]
+        for key in ("lm_loss", "grad_norm"):
+            if metrics[key] is None:
+                del metrics[key]
         metrics["memory_gib"] = memory_gib()
         skipped = max(0, engine.engine.skipped_steps - self._skipped)
         self._skipped = engine.engine.skipped_steps
@@ -91,12 +99,13 @@ class TrainLog:
             scaling = f"loss scale {metric_text(metrics['loss_scale'])} | "
         if skipped:
             scaling += f"skipped {skipped} | "
-        objective = interval_means(engine.objective, step_metrics or [])
+        objective = interval_means(engine.objective, step_metrics)
         metrics.update(objective)
         moe_metrics, moe_text = self._moe.take() if self._moe is not None else ({}, "")
         metrics.update(moe_metrics)
         loss_name = getattr(engine.objective, "loss_name", "lm_loss")
-        line = (f" iteration {iteration:>6}/{self._train_iters} | {loss_name} {loss:.4f} | "
+        shown = f"{loss:.4f}" if loss is not None else "- (no step applied)"
+        line = (f" iteration {iteration:>6}/{self._train_iters} | {loss_name} {shown} | "
                 + console_metrics(engine.objective, objective) + moe_text
                 + f"lr {lr:.3e} | " + scaling
                 + (f"grad_norm {grad_norm:.3f} | " if grad_norm is not None else "")
