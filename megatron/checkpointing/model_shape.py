@@ -139,6 +139,8 @@ def compared_fields(a, b) -> tuple[str, ...]:
         skip |= TRANSFORMER_FIELDS
     if a.pos_emb != "rotary" and b.pos_emb != "rotary":
         skip |= ROTARY_FIELDS
+    if a.num_layers != b.num_layers:  # per-layer attention differs then; num_layers says why
+        skip.add("layer_attention")
     return tuple(n for n in ARCHITECTURE_FIELDS if n not in skip)
 
 
