@@ -25,7 +25,7 @@ ARCHITECTURE_FIELDS = (
     "pos_emb", "rotary_pct", "rotary_emb_base", "norm", "norm_epsilon", "activation",
     "tied_embeddings", "gpt_j_residual", "gpt_j_tied", "use_bias_in_norms",
     "use_bias_in_attn_linear", "use_bias_in_mlp",
-    "layer_attention",  # a property: attention_config and sliding_window_width, by what they compute
+    "layer_attention",  # a property: attention_config and sliding_window_width by their effect
     "gelu_approximation",  # a property: bias_gelu_fusion with activation gelu
     "moe_num_experts", "moe_expert_interval", "moe_top_k", "moe_router_type",
     "moe_normalize_topk", "mamba_inner_size", "mamba_use_bias_in_conv",

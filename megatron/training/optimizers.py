@@ -102,8 +102,6 @@ def build_optimizer(model: torch.nn.Module, optimizer_type: str, params: dict,
     `expert_group` (expert parallelism), the expert weights get groups of their own, marked
     for DeepSpeed (megatron/training/expert_parallel.py)."""
     spec = _spec(optimizer_type)
-    params = dict(params)
-    params.pop("weight_decay", None)  # as in GPT-NeoX the top-level weight_decay is used
     # parameters kept fp32 under bf16/fp16 (megatron/training/fp32_params.py)
     groups = split_groups(param_groups(model, weight_decay),
                           lambda p: getattr(p, "keep_fp32", False))
