@@ -6,6 +6,14 @@ CPUs without AMX, where bf16 products run in fp32, megatron/mpu/products.py).
     python bench/train.py                                # tiny and 125M-class, fp32 and bf16
     python bench/train.py --sizes tiny --dtypes bf16 --steps 3
     python bench/train.py --sizes 125m 1-3b --seq 2048 --micro 8 --dtypes bf16   # on a GPU
+    python bench/train.py --sizes 125m --seq 2048 --micro 8 --dtypes bf16 fp16 \
+        --fusions config on --profile 15                    # with the fusion flags, kernels
+
+`--fusions config on` runs our model once with the fusion flags as the size's config file sets
+them (GPT-NeoX's: off) and once with layernorm, rope, bias_gelu and bias_dropout fusion on
+(the Triton kernels on a GPU). `--profile N` prints the N operators with the most device time
+in one more of our steps. Each of our runs is printed as soon as it is measured, and again
+beside the reference once that has run (a compiled reference can take minutes to compile).
 
 bf16 means DeepSpeed's bf16 mode for us (bf16 weights and activations, fp32 master weights in
 the optimizer) and torch.autocast(bfloat16) with fp32 weights for the reference: both are the
@@ -45,8 +53,12 @@ sys.path.insert(0, str(ROOT))
 SIZES = {  # config file, seq_length and micro batch for a CPU run
     "tiny": ("configs/tiny.yml", 128, 8),
     "125m": ("configs/125M.yml", 512, 4),
+    "350m": ("configs/350M.yml", 512, 2),
     "1-3b": ("configs/1-3B.yml", 512, 1),
 }
+# GPT-NeoX's fusion flags that `--fusions on` sets (bias_gelu_fusion means GELU's tanh
+# approximation; the reference then computes the same function, `gelu_pytorch_tanh`)
+FUSION_FLAGS = ("layernorm_fusion", "rope_fusion", "bias_gelu_fusion", "bias_dropout_fusion")
 
 
 def device():
@@ -87,15 +99,19 @@ def flop_rate(flops: float) -> str:
     return f"{flops / 1e9:.3g} GFLOP/s"
 
 
-def neox_args(size: str, dtype: str, seq: int, micro: int, pipe: int):
+def neox_args(size: str, dtype: str, seq: int, micro: int, pipe: int, fusions: str = "config"):
     from megatron.neox_arguments import NeoXArgs
 
     path, _, _ = SIZES[size]
-    precision = "{enabled: true}" if dtype == "bf16" else "{enabled: false}"
+    bf16 = "{enabled: true}" if dtype == "bf16" else "{enabled: false}"
+    # fp16: dynamic loss scaling from 2^16, GPT-NeoX's usual setting
+    fp16 = ("{enabled: true, loss_scale: 0, initial_scale_power: 16}" if dtype == "fp16"
+            else "null")
+    flags = [f"{flag}=true" for flag in FUSION_FLAGS] if fusions == "on" else []
     return NeoXArgs.from_ymls([str(ROOT / path)], [
         "num_gpus=1", f"seq_length={seq}", f"max_position_embeddings={seq}",
         f"train_micro_batch_size_per_gpu={micro}", f"train_batch_size={micro}",
-        "gradient_accumulation_steps=null", f"bf16={precision}", "fp16=null",
+        "gradient_accumulation_steps=null", f"bf16={bf16}", f"fp16={fp16}", *flags,
         "checkpoint_activations=false", "partition_activations=false",
         "synchronize_each_layer=false", "zero_optimization={stage: 0}", "hidden_dropout=0",
         "attention_dropout=0", "save=null", "load=null", "train_iters=100", "log_dir=null",
@@ -184,9 +200,9 @@ def page_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def bench_ours(args, vocab: int, warmup: int, steps: int):
+def bench_ours(args, vocab: int, warmup: int, steps: int, profile: int = 0):
     """(model config, median step seconds, the phase line, peak GiB allocated on CUDA or the
-    process's peak resident GiB on a CPU, page faults per step)."""
+    process's peak resident GiB on a CPU, page faults per step, the profile table or None)."""
     import torch
 
     from megatron.model.config import model_config_from_args
@@ -214,7 +230,20 @@ def bench_ours(args, vocab: int, warmup: int, steps: int):
         import resource
 
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    return config, seconds, phases.line(timed), peak, faults
+    phases.active = False
+    table = None
+    if profile:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as profiler
+
+        cuda = torch.cuda.is_available()
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profiler(activities=activities) as prof:
+            train_step(engine, data)
+            sync()
+        table = prof.key_averages().table(
+            sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=profile)
+    return config, seconds, phases.line(timed), peak, faults, table
 
 
 def hf_model(config):
@@ -228,7 +257,8 @@ def hf_model(config):
         rotary_emb_base=config.rotary_emb_base, max_position_embeddings=config.max_position_embeddings,
         layer_norm_eps=config.norm_epsilon, use_parallel_residual=config.gpt_j_residual,
         hidden_dropout=0.0, attention_dropout=0.0, tie_word_embeddings=config.tied_embeddings,
-        attn_implementation="sdpa", hidden_act="gelu")
+        attn_implementation="sdpa",
+        hidden_act="gelu_pytorch_tanh" if config.bias_gelu_fusion else "gelu")
     return GPTNeoXForCausalLM(hf).to(device()).to(torch.float32)
 
 
@@ -242,17 +272,22 @@ def bench_hf(config, dtype: str, micro: int, warmup: int, steps: int, compiled: 
     if compiled:
         model = torch.compile(model)
     data = batches(config.padded_vocab_size, micro, config.seq_length)
-    autocast = torch.autocast(device_type=device().type, dtype=torch.bfloat16,
-                              enabled=dtype == "bf16")
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype)
+    autocast = torch.autocast(device_type=device().type, dtype=half or torch.float32,
+                              enabled=half is not None)
+    # fp16: torch's dynamic loss scaler, as a plain mixed-precision script uses it
+    scaler = torch.amp.GradScaler(device().type, init_scale=2.0**16, enabled=dtype == "fp16")
 
     def step():
         (tokens, _, _), (labels, _) = next(data)
         with autocast:
             logits = model(input_ids=tokens).logits
         loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
-        loss.backward()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        scaler.step(opt)
+        scaler.update()
         opt.zero_grad(set_to_none=True)
 
     faults = page_faults()
@@ -260,7 +295,8 @@ def bench_hf(config, dtype: str, micro: int, warmup: int, steps: int, compiled: 
     return seconds, (page_faults() - faults) / (warmup + steps)
 
 
-def measure(side: str, opts, size: str, dtype: str, seq: int, micro: int) -> dict:
+def measure(side: str, opts, size: str, dtype: str, seq: int, micro: int,
+            fusions: str = "config") -> dict:
     """One side's figures, measured in this (fresh) process: "ours" set up as train.py's
     worker sets itself up, "hf" as a plain script runs (unless --reference-allocator
     framework)."""
@@ -272,7 +308,7 @@ def measure(side: str, opts, size: str, dtype: str, seq: int, micro: int) -> dic
     from megatron.training.host_memory import keep_freed_memory
 
     setup_logging("warning")
-    args = neox_args(size, dtype, seq, micro, opts.pipe_parallel_size)
+    args = neox_args(size, dtype, seq, micro, opts.pipe_parallel_size, fusions)
     vocab = 50304 if size != "tiny" else 8192
     compiled = opts.reference == "compiled"
     if device().type == "cpu" and (side == "ours" or opts.reference_allocator == "framework"):
@@ -284,9 +320,10 @@ def measure(side: str, opts, size: str, dtype: str, seq: int, micro: int) -> dic
                                    opts.warmup, opts.steps, compiled)
         return {"seconds": seconds, "faults": faults}
     init_distributed("auto", 5.0)
-    config, seconds, phases, allocated, faults = bench_ours(args, vocab, opts.warmup, opts.steps)
+    config, seconds, phases, allocated, faults, table = bench_ours(
+        args, vocab, opts.warmup, opts.steps, opts.profile)
     return {"seconds": seconds, "faults": faults, "phases": phases, "allocated": allocated,
-            "config": config}
+            "config": config, "profile": table}
 
 
 def in_fresh_process(*args) -> dict:
@@ -300,7 +337,18 @@ def in_fresh_process(*args) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["tiny", "125m"], choices=sorted(SIZES))
-    parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"],
+                        choices=["fp32", "bf16", "fp16"],
+                        help="fp16 (GPU only): DeepSpeed's fp16 with dynamic loss scaling for us, "
+                             "autocast(float16) with torch's GradScaler for the reference")
+    parser.add_argument("--fusions", nargs="+", default=["config"], choices=["config", "on"],
+                        help="our model's fusion flags as the size's config file sets them "
+                             "(GPT-NeoX's configs: off), or on: " + ", ".join(FUSION_FLAGS) +
+                             "; one row of ours per choice, one reference run (built like the "
+                             "first choice)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="after each of our runs, the N operators with the most device time "
+                             "in one more step (torch.profiler)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--seq", type=int, default=None, help="override the size's seq_length")
@@ -320,67 +368,90 @@ def main(argv=None) -> int:
                         help="skip the reference where its steps would take longer than this "
                              "at the matmul peak measured for its dtype (default: 30)")
     opts = parser.parse_args(argv)
-
-    from megatron.model.config import model_config_from_args
-    from megatron.training.flops import count_parameters, flops_per_token
     import torch
 
-    from megatron.training.memory_estimate import GIB, training_estimate
+    from megatron.model.config import model_config_from_args
+    from megatron.training.flops import flops_per_token
+
+    if "fp16" in opts.dtypes and not torch.cuda.is_available():
+        parser.error("--dtypes fp16 needs a CUDA GPU: DeepSpeed's fp16 does not run on a CPU")
 
     opts.reference = opts.reference or ("compiled" if torch.cuda.is_available() else "eager")
     compiled = opts.reference == "compiled"
     peaks = {dtype: matmul_peak(dtype) for dtype in ("bfloat16", "float32")}
+    if "fp16" in opts.dtypes:
+        peaks["float16"] = matmul_peak("float16")
     peak = max(peaks.values())
     print(f"device: {device()} ({torch.get_num_threads()} threads); matmul peak bf16 "
           f"{flop_rate(peaks['bfloat16'])}, fp32 {flop_rate(peaks['float32'])} "
-          f"(measured; MFU against the higher); reference "
+          + (f", fp16 {flop_rate(peaks['float16'])}" if "float16" in peaks else "") +
+          f" (measured; MFU against the highest); reference "
           f"{'torch.compile + fused AdamW' if compiled else 'eager + AdamW'}")
-    print(f"{'size':>5} {'dtype':>5} {'params':>9} {'seq':>5} {'micro':>5} | {'ours ms':>9} "
-          f"{'ours tok/s':>10} | {'HF ms':>9} {'HF tok/s':>10} | {'ours/HF':>7} | {'MFU':>6}")
+    print(f"{'size':>5} {'dtype':>5} {'fusions':>7} {'params':>9} {'seq':>5} {'micro':>5} | "
+          f"{'ours ms':>9} {'ours tok/s':>10} | {'HF ms':>9} {'HF tok/s':>10} | {'ours/HF':>7} | {'MFU':>6}")
     for size in opts.sizes:
         _, seq, micro = SIZES[size]
         seq, micro = opts.seq or seq, opts.micro or micro
         for dtype in opts.dtypes:
-            args = neox_args(size, dtype, seq, micro, opts.pipe_parallel_size)
+            args = neox_args(size, dtype, seq, micro, opts.pipe_parallel_size, opts.fusions[0])
             vocab = 50304 if size != "tiny" else 8192
-            tokens = micro * seq
             # the reference multiplies in its own dtype (autocast): where that is hopelessly
             # slow (bf16 on a CPU without bf16 instructions), it is not run
-            flops = flops_per_token(model_config_from_args(args, vocab)) * tokens
-            reference_peak = peaks["bfloat16" if dtype == "bf16" else "float32"]
+            flops = flops_per_token(model_config_from_args(args, vocab)) * micro * seq
+            reference_peak = peaks[{"bf16": "bfloat16", "fp16": "float16"}.get(dtype, "float32")]
             reference_minutes = flops * (opts.warmup + opts.steps) / reference_peak / 60
-            mine = in_fresh_process("ours", opts, size, dtype, seq, micro)
+            runs = []
+            for fusions in opts.fusions:  # each of our runs is reported as soon as it is done
+                runs.append(in_fresh_process("ours", opts, size, dtype, seq, micro, fusions))
+                print(row(size, dtype, fusions, seq, micro, runs[-1], None, peak), flush=True)
+                notes(opts, args, vocab, runs[-1])
             theirs = None
             if reference_minutes <= opts.reference_limit:
-                theirs = in_fresh_process("hf", opts, size, dtype, seq, micro)
-            config, ours = mine["config"], mine["seconds"]
-            phases, allocated = mine["phases"], mine["allocated"]
-            mfu = flops_per_token(config) * tokens / ours / peak
-            if theirs is None:
-                reference = f"{'-':>9} {'-':>10} | {'-':>7}"
-            else:
-                ref = theirs["seconds"]
-                reference = f"{ref * 1e3:>9.1f} {tokens / ref:>10,.0f} | {ref / ours:>6.2f}x"
-            print(f"{size:>5} {dtype:>5} {count_parameters(config) / 1e6:>8.1f}M {seq:>5} {micro:>5} | "
-                  f"{ours * 1e3:>9.1f} {tokens / ours:>10,.0f} | {reference} | {mfu:>6.1%}",
-                  flush=True)
+                theirs = in_fresh_process("hf", opts, size, dtype, seq, micro, opts.fusions[0])
+                print("      with the reference:", flush=True)
+                for fusions, mine in zip(opts.fusions, runs):
+                    print(row(size, dtype, fusions, seq, micro, mine, theirs, peak), flush=True)
+                    if device().type == "cpu":
+                        print(f"      page faults per step: ours {mine['faults']:,.0f}, "
+                              f"reference {theirs['faults']:,.0f} (reference allocator: "
+                              f"{opts.reference_allocator})", flush=True)
             if theirs is None:
                 print(f"      reference not run: its {dtype} products at the {dtype} matmul peak "
                       f"measured here ({flop_rate(reference_peak)}) need about "
                       f"{reference_minutes:,.0f} min for {opts.warmup + opts.steps} step"
                       f"{'s' if opts.warmup + opts.steps != 1 else ''}, over "
                       f"--reference-limit {opts.reference_limit:g}", flush=True)
-            print(f"      {phases}", flush=True)
-            if device().type == "cpu" and theirs is not None:
-                print(f"      page faults per step: ours {mine['faults']:,.0f}, reference "
-                      f"{theirs['faults']:,.0f} (reference allocator: "
-                      f"{opts.reference_allocator})", flush=True)
-            kind = device().type
-            estimate = training_estimate(args, vocab, device=kind)
-            measured = "peak allocated" if kind == "cuda" else "peak resident memory"
-            print(f"      {measured} {allocated:.2f} GiB; estimate {estimate.total / GIB:.2f}"
-                  f" GiB (framework {estimate.term('framework') / GIB:.2f} of it)", flush=True)
     return 0
+
+
+def row(size, dtype, fusions, seq, micro, mine, theirs, peak) -> str:
+    """One table row: our step beside the reference's, and our MFU."""
+    from megatron.training.flops import count_parameters, flops_per_token
+
+    tokens = micro * seq
+    config, ours = mine["config"], mine["seconds"]
+    mfu = flops_per_token(config) * tokens / ours / peak
+    if theirs is None:
+        reference = f"{'-':>9} {'-':>10} | {'-':>7}"
+    else:
+        ref = theirs["seconds"]
+        reference = f"{ref * 1e3:>9.1f} {tokens / ref:>10,.0f} | {ref / ours:>6.2f}x"
+    return (f"{size:>5} {dtype:>5} {fusions:>7} {count_parameters(config) / 1e6:>8.1f}M {seq:>5} "
+            f"{micro:>5} | {ours * 1e3:>9.1f} {tokens / ours:>10,.0f} | {reference} | {mfu:>6.1%}")
+
+
+def notes(opts, args, vocab, mine):
+    """The lines under one of our rows: where the step went, memory, the profile."""
+    from megatron.training.memory_estimate import GIB, training_estimate
+
+    print(f"      {mine['phases']}", flush=True)
+    kind = device().type
+    estimate = training_estimate(args, vocab, device=kind)
+    measured = "peak allocated" if kind == "cuda" else "peak resident memory"
+    print(f"      {measured} {mine['allocated']:.2f} GiB; estimate {estimate.total / GIB:.2f}"
+          f" GiB (framework {estimate.term('framework') / GIB:.2f} of it)", flush=True)
+    if mine.get("profile"):
+        print(mine["profile"], flush=True)
 
 
 if __name__ == "__main__":

@@ -19,10 +19,20 @@ import torch.distributed as dist
 from megatron.mpu.groups import TensorParallel
 
 BLOCK_ELEMENTS = 1 << 24  # logits values per block: 64 MiB of fp32 at a time
-# the forward's log-sum-exp takes smaller blocks, through one reused buffer: a few MiB stay in
-# the CPU's caches between its passes (max, subtract and exp, sum); torch.logsumexp over the
-# large blocks took 3x as long on a 2048 x 50257 fp32 block on a CPU
+# On a CPU the forward's log-sum-exp takes smaller blocks, through one reused buffer: a few MiB
+# stay in the CPU's caches between its passes (max, subtract and exp, sum); torch.logsumexp over
+# the large blocks took 3x as long on a 2048 x 50257 fp32 block on a CPU
 LSE_BLOCK_ELEMENTS = 1 << 20
+
+
+def lse_block_elements(device: torch.device, block_elements: int) -> int:
+    """The forward log-sum-exp's block for logits on `device`: the small cache-sized block on a
+    CPU; elsewhere the full block. Each block costs about ten kernel launches, and a GPU's passes
+    are bound by launches, not caches: small blocks of a 16k-token x 50304 step would be 800
+    blocks, some 8,000 launches in every forward."""
+    if torch.device(device).type == "cpu":
+        return min(block_elements, LSE_BLOCK_ELEMENTS)
+    return block_elements
 
 
 def _blocks(tokens: int, vocab: int, block_elements: int):
@@ -60,7 +70,7 @@ class _BlockedCrossEntropy(torch.autograd.Function):
         outside = (ids < start) | (ids >= start + vocab)
         local = (ids - start).masked_fill(outside, 0)
         picked = flat.gather(-1, local.unsqueeze(-1)).squeeze(-1).to(dtype).masked_fill(outside, 0)
-        lse = _logsumexp(flat, dtype, min(block_elements, LSE_BLOCK_ELEMENTS))
+        lse = _logsumexp(flat, dtype, lse_block_elements(flat.device, block_elements))
         if tp.enabled:  # log(sum over ranks of exp(lse_r)), shifted by the largest for range
             top = lse.clone()
             dist.all_reduce(top, op=dist.ReduceOp.MAX, group=tp.group)

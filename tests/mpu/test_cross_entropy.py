@@ -87,3 +87,36 @@ def test_blocked_log_sum_exp_equals_torchs_with_masked_and_infinite_rows(dtype):
         torch.testing.assert_close(got, torch.logsumexp(flat.float(), dim=-1), rtol=1e-6,
                                    atol=1e-5)
     assert got[4].item() == float("-inf")
+
+
+class OpCount(TorchDispatchMode):
+    """How many ops (kernels, on a GPU) run while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("device, most", [("meta", 2_000), ("cpu", 20_000)])
+def test_a_gpt2_sized_step_dispatches_hundreds_of_ops_off_the_cpu(device, most):
+    """16,384 tokens x 50,304 logits (the 125M config at micro batch 8, seq 2048). On a CPU the
+    forward's log-sum-exp goes through cache-sized blocks: about 800, some 15,000 ops. Any
+    other device takes the full 2^24-value blocks, about 50 of them; on a GPU each op is a
+    kernel launch, and the small blocks cost more launches than the step's whole model. The
+    meta device stands in for a GPU here: no data, the same ops."""
+    tokens, vocab = 16_384, 50_304
+    logits = torch.empty(tokens, vocab, dtype=torch.bfloat16, device=device)
+    if device == "cpu":  # the count depends on shapes only; small values keep exp finite
+        logits.zero_()
+    labels = torch.zeros(tokens, dtype=torch.long, device=device)
+    with OpCount() as forward:
+        vocab_parallel_cross_entropy(logits, labels, NO_TP)
+    assert forward.ops <= most
+    if device == "meta":
+        assert forward.ops >= 50 * 5  # one pass of a few ops per block: the blocks are real
+    else:
+        assert forward.ops > 5_000
