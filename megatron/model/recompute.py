@@ -41,6 +41,21 @@ def checkpointing_notes(par, num_layers: int, tp_size: int, on_cuda: bool) -> li
     return notes
 
 
+# DeepSpeed's activation-checkpointing options: they act only on checkpointed activations
+CHECKPOINTING_OPTIONS = ("partition_activations", "contiguous_checkpointing", "checkpoint_in_cpu",
+                         "synchronize_each_layer")
+
+
+def idle_checkpointing_options(par) -> list[str]:
+    """A line for each checkpointing option set while checkpoint_activations is false: it has
+    nothing to act on, as in GPT-NeoX, which accepts it the same way."""
+    if par.checkpoint_activations:
+        return []
+    return [f"{key} is true but checkpoint_activations is false: nothing is checkpointed, so it "
+            "changes nothing in this run (set checkpoint_activations: true for it to act)"
+            for key in CHECKPOINTING_OPTIONS if getattr(par, key)]
+
+
 def configure_activation_checkpointing(par, num_layers: int, mpu) -> None:
     """Configure DeepSpeed's activation checkpointing from the parallelism section `par`;
     `mpu` answers the tensor-parallel rank, size and group partitioned activations use."""

@@ -12,7 +12,8 @@ from megatron.model.gpt import GPTModel, build_pipeline_model
 from megatron.model.mamba import describe as describe_mamba
 from megatron.model.precision import kept_in_fp32
 from megatron.model.moe import describe as describe_moe
-from megatron.model.recompute import Recompute, configure_activation_checkpointing
+from megatron.model.recompute import (Recompute, configure_activation_checkpointing,
+                                      idle_checkpointing_options)
 from megatron.monitoring.logger import deepspeed_prints, get_logger, hide_foreign_deprecations
 from megatron.mpu.deepspeed_adapter import DeepSpeedMPU
 from megatron.mpu.groups import ProcessGroups, TensorParallel
@@ -99,6 +100,8 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
         log.info("%s", describe_moe(model_config, dtype, "cpu" if device == "cpu" else "cuda"))
     if model_config.has_mamba:
         log.info("%s", describe_mamba(model_config, "cpu" if device == "cpu" else "cuda"))
+    for line in idle_checkpointing_options(args.parallelism):
+        log.info("%s", line)
     if args.parallelism.checkpoint_activations:
         configure_activation_checkpointing(args.parallelism, model_config.num_layers,
                                            DeepSpeedMPU(groups))

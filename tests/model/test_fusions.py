@@ -72,9 +72,10 @@ def test_fused_rmsnorm_equals_reference(dtype, atol):
     assert torch.allclose(fused.weight.grad.float(), ref.weight.grad.float(), rtol=atol * 10)
 
 
-def _engine_log(rank, world, tmp):
+def _engine_log(rank, world, tmp, checkpointing=True):
     """Build the training engine of a config with fusion flags and every checkpointing option
-    on, train two steps; return the startup lines, the norm class and the losses."""
+    on (checkpoint_activations itself as `checkpointing` says), train two steps; return the
+    startup lines, the norm class and the losses."""
     from pathlib import Path
 
     from tests.checkpointing.engines import build, make_args, train
@@ -86,7 +87,7 @@ def _engine_log(rank, world, tmp):
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     args = make_args(Path(tmp), norm="rmsnorm", rmsnorm_fusion=True, bias_gelu_fusion=True,
-                     checkpoint_activations=True, partition_activations=True,
+                     checkpoint_activations=checkpointing, partition_activations=True,
                      contiguous_checkpointing=True, checkpoint_in_cpu=True,
                      synchronize_each_layer=True)
     engine = build(args)
@@ -111,3 +112,18 @@ def test_engine_says_which_paths_run_once_and_trains(tmp_path):
     assert any(line.startswith("partition_activations: model_parallel_size is 1") for line in lines)
     assert any(line.startswith("checkpoint_in_cpu: the run is on CPU") for line in lines)
     assert any(line.startswith("synchronize_each_layer: CPU operations") for line in lines)
+
+
+def test_checkpointing_options_without_checkpoint_activations_each_say_they_change_nothing(
+        tmp_path):
+    """As GPT-NeoX, they are accepted (its pythia/14M.yml sets synchronize_each_layer with
+    checkpointing off); one start-up line each says so, and the run trains."""
+    [(lines, _, losses)] = run_distributed(_engine_log, 1, str(tmp_path), False)
+    assert all(loss == loss and loss < 10 for loss in losses)
+    idle = [line for line in lines if "checkpoint_activations is false" in line]
+    assert idle == [f"{key} is true but checkpoint_activations is false: nothing is "
+                    "checkpointed, so it changes nothing in this run (set "
+                    "checkpoint_activations: true for it to act)"
+                    for key in ("partition_activations", "contiguous_checkpointing",
+                                "checkpoint_in_cpu", "synchronize_each_layer")]
+    assert not any(line.startswith("activation checkpointing:") for line in lines)
