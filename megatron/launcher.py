@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import socket
 import stat
 import sys
@@ -122,9 +123,33 @@ def exported_env(names, environ=None) -> dict[str, str]:
     return {name: environ[name] for name in names or () if name in environ}
 
 
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def ephemeral_ports() -> range:
+    """The ports the kernel hands to a bind of port 0 (Linux's range; its default elsewhere)."""
+    try:
+        low, high = (int(v) for v in open(EPHEMERAL_RANGE_FILE).read().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
 def free_port() -> int:
-    """A TCP port that nothing on this machine uses now."""
-    with socket.socket() as s:
+    """A TCP port that nothing on this machine uses now, outside the kernel's ephemeral range.
+
+    A port taken from that range (a bind of port 0) is free only for the moment: a program
+    started after the pick, such as mpirun's daemon opening its own listeners, can be handed
+    the same port by the kernel, and a worker then connects to that program instead of the
+    rendezvous and waits forever. The kernel never hands out ports outside the range."""
+    ephemeral = ephemeral_ports()
+    candidates = [p for p in range(10000, 65536) if p not in ephemeral]
+    pick = random.SystemRandom()
+    for _ in range(200):
+        port = pick.choice(candidates)
+        if not port_in_use(port):
+            return port
+    with socket.socket() as s:  # every port tried is busy: an ephemeral one, as before
         s.bind(("", 0))
         return s.getsockname()[1]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +14,11 @@ NEOX_CONFIGS = ROOT / "tests" / "neox_arguments" / "data" / "gpt-neox"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port outside the kernel's ephemeral range, as deepy.py picks one (a launcher
+    started later can never be handed it)."""
+    from megatron.launcher import free_port as pick
+
+    return pick()
 
 
 def build_small_dataset(out_dir: Path, vocab_size: int = 2048) -> tuple[str, str]:

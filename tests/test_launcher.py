@@ -5,8 +5,9 @@ import socket
 
 import pytest
 
-from megatron.launcher import (CONFIG_FLAG, exported_env, plan_launch, port_in_use, read_hostfile,
-                               worker_args, write_env_file)
+from megatron.launcher import (CONFIG_FLAG, ephemeral_ports, exported_env, free_port,
+                               plan_launch, port_in_use, read_hostfile, worker_args,
+                               write_env_file)
 from megatron.neox_arguments import NeoXArgs
 
 TINY = "configs/tiny.yml"
@@ -124,6 +125,9 @@ def test_unset_master_port_picks_a_free_one_here_and_29500_with_a_hostfile(tmp_p
         plan = plan_launch(args(num_gpus=2), "train.py")
         assert plan.master_port != 29500 and not port_in_use(plan.master_port)
         assert plan.local.master_port == plan.master_port
+        # outside the kernel's ephemeral range: mpirun's daemon, started after the pick, once
+        # got the same port for its own listener by binding port 0, and rank 0 waited forever
+        assert plan.master_port not in ephemeral_ports()
         # with a hostfile every node must agree on the port: GPT-NeoX's, busy here or not
         hostfile = tmp_path / "hosts"
         hostfile.write_text("n0 slots=1\nn1 slots=1\n")
@@ -203,3 +207,15 @@ def test_listed_env_vars_are_exported_and_written_privately():
 def test_worker_without_config_says_how_to_start_it():
     with pytest.raises(ValueError, match="python deepy.py"):
         worker_args([])
+
+
+def test_a_picked_port_is_never_one_the_kernel_hands_to_a_bind_of_port_zero():
+    ranges = ephemeral_ports()
+    handed = set()
+    for _ in range(50):  # what later programs binding port 0 get
+        with socket.socket() as s:
+            s.bind(("", 0))
+            handed.add(s.getsockname()[1])
+    assert handed <= set(ranges)  # the range the picker reads is the kernel's
+    picked = {free_port() for _ in range(50)}
+    assert not picked & set(ranges) and not any(port_in_use(p) for p in picked)

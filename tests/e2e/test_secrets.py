@@ -5,6 +5,7 @@ started by deepy.py itself, and one through DeepSpeed's runner and a real mpirun
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -62,13 +63,20 @@ def start(probe: Path, run: Path, small_data, env: dict, **overrides) -> subproc
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def command_lines_while_running(proc: subprocess.Popen) -> dict[str, bytes]:
-    """/proc/<pid>/cmdline of deepy.py and everything under it, read until it ends."""
+def command_lines_while_running(proc: subprocess.Popen, limit: float = 300) -> dict[str, bytes]:
+    """/proc/<pid>/cmdline of deepy.py and everything under it, read until it ends (killed,
+    with everything under it, after `limit` seconds: the test then fails on its exit status)."""
     seen: dict[str, bytes] = {}
+    deadline = time.monotonic() + limit
     while proc.poll() is None:
         try:
             family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         except psutil.NoSuchProcess:
+            break
+        if time.monotonic() > deadline:
+            for p in reversed(family):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.kill()
             break
         for p in family:
             try:
