@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import resource
 import statistics
 import sys
 import time
@@ -43,7 +42,9 @@ def _variant(variant: str, dtype_name: str, tokens: int, vocab: int, repeats: in
     def used() -> int:
         if cuda:
             return torch.cuda.max_memory_allocated()
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        from megatron.monitoring.memory_profile import peak_rss_bytes
+
+        return peak_rss_bytes()
 
     def step():
         if variant == "blocked":

@@ -226,10 +226,10 @@ def bench_ours(args, vocab: int, warmup: int, steps: int, profile: int = 0):
     timed = time.perf_counter() - start  # the phases' share of these steps' wall time
     if torch.cuda.is_available():
         peak = torch.cuda.max_memory_allocated() / 2**30
-    else:  # the process's peak resident memory (ru_maxrss: KiB on Linux)
-        import resource
+    else:  # the process's peak resident memory
+        from megatron.monitoring.memory_profile import peak_rss_bytes
 
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        peak = peak_rss_bytes() / 2**30
     phases.active = False
     table = None
     if profile:

@@ -26,6 +26,21 @@ import torch
 MAX_HISTORY_ENTRIES = 100_000  # allocation events kept for the snapshot, as in GPT-NeoX
 
 
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory: the kernel's high-water mark of its own address
+    space (VmHWM). Not getrusage's ru_maxrss: Linux carries that over an exec from the process
+    that forked it, so a program started from a large one (a test runner, a launcher) reports
+    the parent's resident size as its own peak."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
 class MemoryRecorder:
     """Reads memory around each profiled step of one rank and writes it when asked."""
 
@@ -56,8 +71,7 @@ class MemoryRecorder:
     def after_step(self, iteration: int) -> None:
         """Add the timeline entry of the step that completed `iteration`."""
         rss = self._process.memory_info().rss
-        # ru_maxrss is in KiB on Linux, and the kernel updates it lazily: it can trail rss
-        peak = max(rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        peak = max(rss, peak_rss_bytes())  # the high-water mark is updated lazily: it can trail
         entry = {"iteration": iteration, "rss_bytes": rss, "peak_rss_bytes": peak}
         if self.cuda:
             entry.update(cuda_allocated_bytes=torch.cuda.memory_allocated(),

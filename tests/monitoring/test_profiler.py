@@ -123,3 +123,21 @@ def test_on_cuda_the_trace_has_kernels_and_the_allocator_snapshot_is_dumped(tmp_
     steps = json.loads(memory.timeline_path.read_text())["steps"]
     assert [s["iteration"] for s in steps] == [1, 2]
     assert all(s["cuda_step_peak_bytes"] >= 2 * 1024 * 1024 * 4 for s in steps)
+
+
+def test_a_program_started_from_a_large_one_reports_its_own_peak_memory():
+    """Linux carries getrusage's ru_maxrss over an exec from the forking process; the peak this
+    framework reports (VmHWM) is the started program's own."""
+    import subprocess
+    import sys
+
+    import torch
+
+    held = torch.ones(1024, 1024, 256)  # 1 GiB resident in this process while the child starts
+    probe = ("import resource; from megatron.monitoring.memory_profile import peak_rss_bytes; "
+             "print(peak_rss_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[2]).stdout
+    own, inherited = (int(v) for v in out.split())
+    assert held.sum().item() == 2**28
+    assert own < 2**30 <= inherited  # torch's import alone is far below 1 GiB

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import sys
 import threading
 
@@ -34,7 +33,9 @@ class PeakSampler(threading.Thread):
     def stop(self) -> int:
         self.done.set()
         self.join()
-        return max(self.peak, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        from megatron.monitoring.memory_profile import peak_rss_bytes
+
+        return max(self.peak, peak_rss_bytes())
 
 
 def main(argv=None) -> int:
