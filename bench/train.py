@@ -104,7 +104,7 @@ def neox_args(size: str, dtype: str, seq: int, micro: int, pipe: int, fusions: s
 
     path, _, _ = SIZES[size]
     bf16 = "{enabled: true}" if dtype == "bf16" else "{enabled: false}"
-    # fp16: dynamic loss scaling from 2^16, GPT-NeoX's usual setting
+    # fp16: dynamic loss scaling from 2^16 (DeepSpeed's default, which GPT-NeoX's configs keep)
     fp16 = ("{enabled: true, loss_scale: 0, initial_scale_power: 16}" if dtype == "fp16"
             else "null")
     flags = [f"{flag}=true" for flag in FUSION_FLAGS] if fusions == "on" else []
@@ -388,7 +388,8 @@ def main(argv=None) -> int:
           f" (measured; MFU against the highest); reference "
           f"{'torch.compile + fused AdamW' if compiled else 'eager + AdamW'}")
     print(f"{'size':>5} {'dtype':>5} {'fusions':>7} {'params':>9} {'seq':>5} {'micro':>5} | "
-          f"{'ours ms':>9} {'ours tok/s':>10} | {'HF ms':>9} {'HF tok/s':>10} | {'ours/HF':>7} | {'MFU':>6}")
+          f"{'ours ms':>9} {'ours tok/s':>10} | {'HF ms':>9} {'HF tok/s':>10} | "
+          f"{'ours/HF':>7} | {'MFU':>6}")
     for size in opts.sizes:
         _, seq, micro = SIZES[size]
         seq, micro = opts.seq or seq, opts.micro or micro

@@ -129,7 +129,8 @@ EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 def ephemeral_ports() -> range:
     """The ports the kernel hands to a bind of port 0 (Linux's range; its default elsewhere)."""
     try:
-        low, high = (int(v) for v in open(EPHEMERAL_RANGE_FILE).read().split())
+        with open(EPHEMERAL_RANGE_FILE) as f:
+            low, high = (int(v) for v in f.read().split())
     except (OSError, ValueError):
         low, high = 32768, 60999
     return range(low, high + 1)

@@ -26,7 +26,6 @@ import torch
 MAX_HISTORY_ENTRIES = 100_000  # allocation events kept for the snapshot, as in GPT-NeoX
 
 
-
 def peak_rss_bytes() -> int:
     """This process's peak resident memory: the kernel's high-water mark of its own address
     space (VmHWM). Not getrusage's ru_maxrss: Linux carries that over an exec from the process
@@ -40,6 +39,7 @@ def peak_rss_bytes() -> int:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
 
 class MemoryRecorder:
     """Reads memory around each profiled step of one rank and writes it when asked."""

@@ -27,9 +27,9 @@ LSE_BLOCK_ELEMENTS = 1 << 20
 
 def lse_block_elements(device: torch.device, block_elements: int) -> int:
     """The forward log-sum-exp's block for logits on `device`: the small cache-sized block on a
-    CPU; elsewhere the full block. Each block costs about ten kernel launches, and a GPU's passes
-    are bound by launches, not caches: small blocks of a 16k-token x 50304 step would be 800
-    blocks, some 8,000 launches in every forward."""
+    CPU; elsewhere the full block. Each block costs about eighteen ops (kernel launches on a
+    GPU), and a GPU's passes are bound by launches, not caches: small blocks of a 16k-token x
+    50304 step would be some 820 blocks, about 15,000 ops in every forward."""
     if torch.device(device).type == "cpu":
         return min(block_elements, LSE_BLOCK_ELEMENTS)
     return block_elements
