@@ -1,9 +1,16 @@
-"""Run a function on N real gloo processes (torch.multiprocessing) and collect what each returns."""
+"""Run a function on N real gloo processes (torch.multiprocessing) and collect what each returns.
+
+The processes come from one fork server per test session that has imported torch and
+DeepSpeed once: on a small CPU box that import costs seconds per process, which a spawned
+process would pay again each time. Each process still starts clean of any process group, with
+the test's environment as it is when the run starts.
+"""
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
 import traceback
 
 import torch.distributed as dist
@@ -16,7 +23,45 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, fn, args, results, join: bool = True):
+# imported once by the fork server; nothing here starts a thread or touches a device
+PRELOAD = ["torch", "torch.distributed", "deepspeed"]
+
+
+def _context():
+    """The fork server on CPU. With a GPU accelerator, spawn: DeepSpeed's import would touch
+    CUDA in the server, and a forked process cannot use CUDA after its parent did."""
+    if os.environ.get("DS_ACCELERATOR", "cpu") != "cpu":
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)  # takes effect when the server starts, on first use
+    return ctx
+
+
+def _received_stdio(stdout, stderr) -> tuple[int, int]:
+    return stdout.detach(), stderr.detach()
+
+
+class _Stdio:
+    """The test process's stdout and stderr as they are now (capfd may have redirected them),
+    handed to a new process: the fork server's own are those of the test that started it."""
+
+    def __reduce__(self):
+        from multiprocessing.reduction import DupFd
+
+        return _received_stdio, (DupFd(1), DupFd(2))  # sent along with the process
+
+
+def _worker(rank: int, world: int, port: int, fn, args, results, join: bool = True,
+            environ: dict | None = None, stdio=None):
+    if stdio is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, target in zip(stdio, (1, 2)):
+            os.dup2(fd, target)
+            os.close(fd)
+    if environ is not None:  # the fork server's environment is the one it started with
+        os.environ.clear()
+        os.environ.update(environ)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     import torch
@@ -40,11 +85,14 @@ def run_distributed(fn, world: int, *args, join: bool = True):
     `join` False the processes start outside any process group (RANK, MASTER_ADDR ... set) and
     `fn` joins one itself.
     """
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     port = _port()
+    environ = dict(os.environ)
     with ctx.Manager() as manager:
         results = manager.dict()
-        procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, results, join))
+        procs = [ctx.Process(target=_worker,
+                             args=(r, world, port, fn, args, results, join, environ,
+                                   _Stdio()))
                  for r in range(world)]
         for p in procs:
             p.start()
