@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+import threading
 from dataclasses import replace
 from datetime import timedelta
 from typing import Mapping
@@ -64,14 +67,16 @@ def init_distributed(backend: str, timeout_minutes: float,
     backend = resolve_backend(backend)
     timeout = collective_timeout(timeout_minutes)
     try:
-        deepspeed.init_distributed(dist_backend=backend, timeout=timeout, auto_mpi_discovery=False,
-                                   verbose=False)
+        with rendezvous_deadline(timeout_minutes):
+            deepspeed.init_distributed(dist_backend=backend, timeout=timeout,
+                                       auto_mpi_discovery=False, verbose=False)
     except Exception as err:  # the store/rendezvous raises several types for the same cause
         raise RuntimeError(distributed_timeout_message(timeout_minutes, err)) from None
     apply_timeout_to_deepspeed_groups(timeout)
     # gloo's connect can succeed while a peer never shows up: one barrier proves the group works.
     try:
-        dist.barrier()
+        with rendezvous_deadline(timeout_minutes):
+            dist.barrier()
     except Exception as err:
         raise RuntimeError(distributed_timeout_message(timeout_minutes, err)) from None
     check_clocks()  # A5: only a warning, as nothing depends on the clocks agreeing
@@ -142,6 +147,47 @@ def distributed_timeout_message(timeout_minutes: float, err: Exception) -> str:
             "node can reach that address and port (firewall, MASTER_ADDR/master_addr, "
             "master_port not in use) and that all ranks were started; raise "
             "distributed_timeout_minutes if nodes start slowly.")
+
+
+RENDEZVOUS_EXIT_CODE = 124  # as the hang watchdog's (megatron.safety.watchdog): out of time
+
+
+def rendezvous_grace_seconds(timeout_minutes: float) -> float:
+    """How long past the timeout a step of joining may take before the deadline ends it: the
+    timeout again, at most 30 s, so that torch's own error, where it comes, comes first."""
+    return min(30.0, timeout_minutes * 60.0)
+
+
+@contextlib.contextmanager
+def rendezvous_deadline(timeout_minutes: float):
+    """End this worker if the block (a step of joining the process group) outlasts the timeout
+    plus its grace (A1). torch's timeout does not cover every wait: a worker whose master port
+    is held by a program that accepts the connection and never answers (another job, a
+    launcher's daemon handed the same port) waits for ever. The worker then writes what it
+    waited for and exits with RENDEZVOUS_EXIT_CODE, and its launcher stops the others."""
+    limit = timeout_minutes * 60.0 + rendezvous_grace_seconds(timeout_minutes)
+    timer = threading.Timer(limit, _rendezvous_expired, args=(timeout_minutes, limit))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def _rendezvous_expired(timeout_minutes: float, waited: float) -> None:
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    log.error("rank %s of world size %s got no answer joining the process group at master %s:%s "
+              "in %.0f s (distributed_timeout_minutes %g, plus %.0f s): the program listening "
+              "there is not this run's rendezvous, or the rank that hosts it failed at start-up. "
+              "Check that nothing else uses master_port %s and look for another rank's error "
+              "above; stopping this worker (exit %d).", rank, world, addr, port, waited,
+              timeout_minutes, rendezvous_grace_seconds(timeout_minutes), port,
+              RENDEZVOUS_EXIT_CODE)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(RENDEZVOUS_EXIT_CODE)  # the joining thread is blocked and cannot unwind
 
 
 def destroy_distributed() -> None:

@@ -78,3 +78,40 @@ def test_nccl_without_cuda_falls_back_to_gloo_and_says_so():
         assert backend == "gloo"
         assert "distributed_backend 'nccl' needs CUDA, which this machine lacks; using 'gloo'" \
             in warnings
+
+
+def test_a_master_port_that_never_answers_ends_the_worker_saying_what_it_waited_for():
+    """torch's timeout does not end a join whose master port is held by a program that accepts
+    the connection and never answers (it waited until killed); the rendezvous deadline ends
+    the worker after the timeout plus as much again, with exit 124 and one error line."""
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    from tests.runs import ROOT, clean_env
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    held = []
+    threading.Thread(target=lambda: held.extend(listener.accept() for _ in range(4)),
+                     daemon=True).start()
+    code = "from megatron.mpu.initialize import init_distributed; init_distributed('gloo', 0.05)"
+    env = clean_env(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(port))
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=180)
+    took = time.monotonic() - start
+    listener.close()
+    assert held, "the worker never connected to the port"
+    assert proc.returncode == 124, (proc.returncode, proc.stderr[-3000:])
+    errors = [line for line in proc.stderr.splitlines() if "got no answer" in line]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert (f"rank 1 of world size 2 got no answer joining the process group at master "
+            f"127.0.0.1:{port} in 6 s (distributed_timeout_minutes 0.05, plus 3 s): the program "
+            "listening there is not this run's rendezvous") in errors[0], errors[0]
+    assert f"nothing else uses master_port {port}" in errors[0]
+    assert took < 90, took
