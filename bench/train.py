@@ -75,21 +75,31 @@ def sync():
 
 
 def matmul_peak(dtype: str, n: int = 2048) -> float:
-    """Best matmul FLOP/s of an n x n x n product in `dtype` on this device."""
+    """Best matmul FLOP/s of a square product in `dtype` on this device: n x n x n (8192 on a
+    GPU), or the largest power of two under n where one product takes a second or more (torch's
+    bf16 products on a CPU without bf16 instructions run well under 1 GFLOP/s: five at 2048
+    would take minutes before the bench prints anything)."""
     import torch
 
     if torch.cuda.is_available():
         n = 8192
-    a = torch.randn(n, n, device=device(), dtype=getattr(torch, dtype))
-    b = torch.randn(n, n, device=device(), dtype=getattr(torch, dtype))
-    best = 0.0
-    for _ in range(5):
+
+    def seconds(a, b) -> float:
         sync()
         start = time.perf_counter()
         (a @ b).sum()
         sync()
-        best = max(best, 2 * n**3 / (time.perf_counter() - start))
-    return best
+        return time.perf_counter() - start
+
+    size = min(256, n)
+    while True:
+        a = torch.randn(size, size, device=device(), dtype=getattr(torch, dtype))
+        b = torch.randn(size, size, device=device(), dtype=getattr(torch, dtype))
+        first = seconds(a, b)
+        if size >= n or first >= 1.0:
+            break
+        size *= 2
+    return max(2 * size**3 / t for t in [first] + [seconds(a, b) for _ in range(4)])
 
 
 def flop_rate(flops: float) -> str:
