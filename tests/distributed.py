@@ -57,8 +57,9 @@ def _worker(rank: int, world: int, port: int, fn, args, results, join: bool = Tr
         sys.stdout.flush()
         sys.stderr.flush()
         for fd, target in zip(stdio, (1, 2)):
-            os.dup2(fd, target)
-            os.close(fd)
+            if fd != target:  # spawn hands the same descriptors over under their own numbers
+                os.dup2(fd, target)
+                os.close(fd)
     if environ is not None:  # the fork server's environment is the one it started with
         os.environ.clear()
         os.environ.update(environ)

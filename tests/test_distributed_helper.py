@@ -38,3 +38,22 @@ def test_runs_fork_from_one_server_on_cpu():
     first = run_distributed(_report, 1, "first")[0]["server"]
     second = run_distributed(_report, 1, "second")[0]["server"]
     assert first == second != os.getpid()
+
+
+def test_with_a_gpu_accelerator_processes_are_spawned_and_print_to_the_capture(monkeypatch,
+                                                                               capfd):
+    """The GPU tier spawns (DeepSpeed's import in a fork server would touch CUDA); its
+    processes get the same descriptors under the same numbers, which must stay open."""
+    import tests.distributed as helper
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cuda")
+    spawn = helper._context()
+    assert spawn.get_start_method() == "spawn"
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # this machine's processes must not try CUDA
+    monkeypatch.setattr(helper, "_context", lambda: spawn)
+    monkeypatch.setenv("NEOX_HELPER_PROBE", "spawned")
+    results = run_distributed(_report, 2, "spawned")
+    assert [r["env"] for r in results] == ["spawned"] * 2
+    assert {r["server"] for r in results} == {os.getpid()}
+    out = capfd.readouterr().out
+    assert "spawned from rank 0 of 2" in out and "spawned from rank 1 of 2" in out, out
