@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU checks in one script, for a GPU machine that has torch, triton and transformers but
+# not DeepSpeed: DeepSpeed and its pure-Python needs travel as wheels in .whl/ (`make
+# gpu-wheels` builds them on a machine with PyPI). Each step's output goes to $OUT (default
+# ./gpu-results); bench/RESULTS.md records what ran, with the environment line written here.
+#
+#   bash bench/gpu_checks.sh tier bench-125m         # the GPU tier, then the 125M bench
+#   bash bench/gpu_checks.sh compiled-1-3b fp16-1-3b # one step per argument, in that order
+#
+# Steps (each under its own time limit, so that one slow step leaves time for the next):
+#   tier            pytest -m gpu (lm-eval's modules are left out: no GPU test there)
+#   bench-125m      125M bf16 seq 2048 micro 8, fusions as configured and on, HF eager, profile
+#   compiled-SIZE   SIZE (125m, 350m, 1-3b) bf16 against HF with torch.compile + fused AdamW
+#   fp16-1-3b       1-3B fp16 (dynamic loss scale) against HF eager with GradScaler
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-results}
+mkdir -p "$OUT"
+if ! python3 -c "import deepspeed" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || { echo "no DeepSpeed and no usable .whl/"; exit 1; }
+    export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-} DS_ACCELERATOR=cuda PYTHONUNBUFFERED=1 \
+    TOKENIZERS_PARALLELISM=false
+{ git rev-parse HEAD 2>/dev/null || cat .whl/commit 2>/dev/null
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import sys, torch, deepspeed, transformers, triton; print('python',
+      sys.version.split()[0], 'torch', torch.__version__, 'deepspeed', deepspeed.__version__,
+      'transformers', transformers.__version__, 'triton', triton.__version__)"
+} 2>&1 | tee "$OUT/env.txt"
+start=$(date +%s)
+
+bench() {  # bench LIMIT_S ARGS...: one bench/train.py run, its rows appended to bench.log
+    timeout "$1" python3 bench/train.py "${@:2}" 2>&1 | grep -v "real_accelerator\|USDT" \
+        | tee -a "$OUT/bench.log"
+    echo "bench ${*:2}: status ${PIPESTATUS[0]} at $(( $(date +%s) - start )) s" \
+        | tee -a "$OUT/bench.log"
+}
+
+for step in "$@"; do
+    case $step in
+        tier)
+            timeout 300 python3 -m pytest -q -m gpu tests --ignore=tests/evaluation \
+                -p no:cacheprovider --durations=15 > "$OUT/test-gpu.log" 2>&1
+            echo "tier: status $? at $(( $(date +%s) - start )) s" | tee -a "$OUT/test-gpu.log"
+            tail -25 "$OUT/test-gpu.log" ;;
+        bench-125m)
+            bench 150 --sizes 125m --seq 2048 --micro 8 --dtypes bf16 --steps 5 --warmup 3 \
+                --fusions config on --reference eager --profile 15 ;;
+        compiled-125m|compiled-350m|compiled-1-3b)
+            bench 420 --sizes "${step#compiled-}" --seq 2048 --micro 8 --dtypes bf16 --steps 4 \
+                --warmup 3 --fusions on --reference compiled ;;
+        fp16-1-3b)
+            bench 200 --sizes 1-3b --seq 2048 --micro 8 --dtypes fp16 --steps 4 --warmup 3 \
+                --fusions on --reference eager ;;
+        *) echo "unknown step '$step': tier, bench-125m, compiled-125m, compiled-350m," \
+                "compiled-1-3b, fp16-1-3b"; exit 2 ;;
+    esac
+done
