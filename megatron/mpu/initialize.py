@@ -150,22 +150,25 @@ def distributed_timeout_message(timeout_minutes: float, err: Exception) -> str:
 
 
 RENDEZVOUS_EXIT_CODE = 124  # as the hang watchdog's (megatron.safety.watchdog): out of time
+RENDEZVOUS_GRACE_SECONDS = 30.0
 
 
-def rendezvous_grace_seconds(timeout_minutes: float) -> float:
-    """How long past the timeout a step of joining may take before the deadline ends it: the
-    timeout again, at most 30 s, so that torch's own error, where it comes, comes first."""
-    return min(30.0, timeout_minutes * 60.0)
+def rendezvous_limit_seconds(timeout_minutes: float) -> float:
+    """How long a step of joining may take before the deadline ends it: twice the timeout plus
+    RENDEZVOUS_GRACE_SECONDS, so that torch's own error, where it comes, comes first (its
+    store client retries a failed connect once, for the whole timeout again, after a delay
+    of a few seconds; the rendezvous then waits up to the timeout for the other ranks)."""
+    return 2 * timeout_minutes * 60.0 + RENDEZVOUS_GRACE_SECONDS
 
 
 @contextlib.contextmanager
 def rendezvous_deadline(timeout_minutes: float):
-    """End this worker if the block (a step of joining the process group) outlasts the timeout
-    plus its grace (A1). torch's timeout does not cover every wait: a worker whose master port
-    is held by a program that accepts the connection and never answers (another job, a
-    launcher's daemon handed the same port) waits for ever. The worker then writes what it
-    waited for and exits with RENDEZVOUS_EXIT_CODE, and its launcher stops the others."""
-    limit = timeout_minutes * 60.0 + rendezvous_grace_seconds(timeout_minutes)
+    """End this worker if the block (a step of joining the process group) outlasts
+    rendezvous_limit_seconds (A1). torch's timeout does not cover every wait: a worker whose
+    master port is held by a program that accepts the connection and never answers (another
+    job, a launcher's daemon handed the same port) waits for ever. The worker then writes what
+    it waited for and exits with RENDEZVOUS_EXIT_CODE, and its launcher stops the others."""
+    limit = rendezvous_limit_seconds(timeout_minutes)
     timer = threading.Timer(limit, _rendezvous_expired, args=(timeout_minutes, limit))
     timer.daemon = True
     timer.start()
@@ -179,12 +182,11 @@ def _rendezvous_expired(timeout_minutes: float, waited: float) -> None:
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
     log.error("rank %s of world size %s got no answer joining the process group at master %s:%s "
-              "in %.0f s (distributed_timeout_minutes %g, plus %.0f s): the program listening "
-              "there is not this run's rendezvous, or the rank that hosts it failed at start-up. "
-              "Check that nothing else uses master_port %s and look for another rank's error "
-              "above; stopping this worker (exit %d).", rank, world, addr, port, waited,
-              timeout_minutes, rendezvous_grace_seconds(timeout_minutes), port,
-              RENDEZVOUS_EXIT_CODE)
+              "in %.0f s (twice distributed_timeout_minutes %g, plus %.0f s): the program "
+              "listening there is not this run's rendezvous, or the rank that hosts it failed at "
+              "start-up. Check that nothing else uses master_port %s and look for another rank's "
+              "error above; stopping this worker (exit %d).", rank, world, addr, port, waited,
+              timeout_minutes, RENDEZVOUS_GRACE_SECONDS, port, RENDEZVOUS_EXIT_CODE)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(RENDEZVOUS_EXIT_CODE)  # the joining thread is blocked and cannot unwind
