@@ -36,6 +36,43 @@ def test_warnings_alike_are_printed_once_with_their_ranks_and_other_lines_at_onc
                                                "[ranks 1-2] [12:00:05] [WARNING] [a] two of four"]
 
 
+# as a worker's stderr shows it when torch's store client cannot reach the master (torch 2.13)
+CPP_ERROR = """\
+[W1127 07:35:40.796798426 TCPStore.cpp:340] [c10d] TCP client failed to connect/validate to host 127.0.0.1:27931 - retrying (try=0, timeout=6000ms, delay=4598ms): The client socket has timed out after 6000ms while trying to connect to (127.0.0.1, 27931).
+Exception raised from throwTimeoutError at /__w/pytorch/pytorch/torch/csrc/distributed/c10d/socket.cpp:1030 (most recent call first):
+frame #0: c10::Error::Error(c10::SourceLocation, std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >) + 0x9d (0x7fe7a6979b8d in /venv/lib/python3.11/site-packages/torch/lib/libc10.so)
+frame #8: c10d::TCPStore::TCPStore(std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >, c10d::TCPStoreOptions const&) + 0x41d (0x7fe79854534d in /venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so)
+<omitting python frames>
+frame #48: _start + 0x21 (0x557e23573081 in .venv/bin/python)
+node-b: frame #3: <unknown function> + 0x163b752 (0x7fe79343b752 in libtorch_cpu.so)
+
+[rank 1] [07:35:46] [ERROR] [megatron.mpu.initialize] rank 1 could not join
+"""
+
+
+def test_a_cpp_backtrace_after_a_torch_error_line_is_left_out_unless_asked_for():
+    for shown in (False, True):
+        out = io.StringIO()
+        merger = WarningMerger(out, [1], window=0.1, cpp_backtraces=shown)
+        for line in CPP_ERROR.splitlines():
+            merger.feed(1, line)
+        merger.close()
+        lines = out.getvalue().splitlines()
+        if shown:
+            assert lines == CPP_ERROR.splitlines()
+        else:
+            assert lines == [CPP_ERROR.splitlines()[0], "",
+                             "[rank 1] [07:35:46] [ERROR] [megatron.mpu.initialize] rank 1 could "
+                             "not join"], lines
+
+
+def test_torch_show_cpp_stacktraces_keeps_the_backtrace(monkeypatch):
+    monkeypatch.setenv("TORCH_SHOW_CPP_STACKTRACES", "1")
+    assert WarningMerger(io.StringIO(), [0]).cpp_backtraces
+    monkeypatch.delenv("TORCH_SHOW_CPP_STACKTRACES")
+    assert not WarningMerger(io.StringIO(), [0]).cpp_backtraces
+
+
 def test_a_pipe_passes_lines_through_the_merger_and_progress_bars_as_they_are():
     r, w = os.pipe()
     os.write(w, "a line\n\rbar 1/2 █".encode())

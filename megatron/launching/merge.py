@@ -15,6 +15,11 @@ two lines alike. A line from one rank only keeps its own `[rank R]`. Lines may c
 launcher's `host: ` prefix (pdsh) and may name several ranks already (`[ranks 0-3]`, a node
 launcher's merge); the merged line names every rank, without the host.
 
+The lines of a C++ backtrace that torch's distributed code appends to some of its own error
+and warning lines ("Exception raised from ... (most recent call first):", "frame #N: ...",
+"<omitting python frames>") are left out: the line they follow says what happened. With
+TORCH_SHOW_CPP_STACKTRACES=1 in deepy.py's environment they are printed.
+
 `pipe_lines` copies a worker's pipe to its stream: whole lines through the merger, and a
 carriage-return update (a progress bar redrawing itself) straight through.
 """
@@ -35,6 +40,8 @@ HOST_PREFIX = re.compile(r"^(?P<host>[\w.\-]+): (?=\[)")
 RANKS_PREFIX = re.compile(r"^\[ranks? (?P<ranks>[\d, \-]+)\] ")
 STAMPS = re.compile(r"^(?:\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)?\] |\[\d\d:\d\d:\d\d\] )")
 WARNING = re.compile(r"\[(?:WARNING|ERROR)\]|\bWarning: ")
+CPP_BACKTRACE = re.compile(r"^(?:[\w.\-]+: )?(?:frame #\d+: |<omitting python frames>$|"
+                           r"Exception raised from .* \(most recent call first\):$)")
 
 
 def parse_ranks(text: str) -> set[int]:
@@ -63,8 +70,11 @@ def split_line(line: str) -> tuple[set[int] | None, str, str]:
 class WarningMerger:
     """Holds warning lines briefly to print each once with the ranks that printed it."""
 
-    def __init__(self, out: TextIO, ranks: Iterable[int], window: float = WINDOW_SECONDS):
+    def __init__(self, out: TextIO, ranks: Iterable[int], window: float = WINDOW_SECONDS,
+                 cpp_backtraces: bool | None = None):
         self.out, self.expected, self.window = out, set(ranks), window
+        self.cpp_backtraces = (os.environ.get("TORCH_SHOW_CPP_STACKTRACES") == "1"
+                               if cpp_backtraces is None else cpp_backtraces)
         self._held: dict[str, list] = {}  # text -> [ranks, stamp, first line, deadline]
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -75,6 +85,8 @@ class WarningMerger:
     def feed(self, rank: int | None, line: str) -> None:
         """One line from the worker of global rank `rank` (None: a launcher's mixed stream)."""
         ranks, stamp, text = split_line(line)
+        if not self.cpp_backtraces and CPP_BACKTRACE.match(text):
+            return
         ranks = ranks or ({rank} if rank is not None else None)
         if not ranks or not WARNING.search(text):
             self._write(line)

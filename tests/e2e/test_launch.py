@@ -3,6 +3,7 @@ contract, the master port, an unreachable master (A1), and bad input that must e
 one clear line, a non-zero exit and no traceback. Workers started by a real mpirun, srun or pdsh:
 test_cluster_launchers.py."""
 
+import io
 import os
 import socket
 import subprocess
@@ -58,6 +59,16 @@ def test_unreachable_master_fails_within_the_timeout_and_says_where(small_data, 
             "within 6 s") in proc.stderr
     assert "Traceback" not in proc.stderr
     assert took < 60
+    # what deepy.py prints of it: torch's own lines, without the C++ backtraces they carry
+    from megatron.launching.merge import WarningMerger
+
+    shown = io.StringIO()
+    merger = WarningMerger(shown, [1], cpp_backtraces=False)
+    for line in proc.stderr.splitlines():
+        merger.feed(1, line)
+    merger.close()
+    console = shown.getvalue()
+    assert "could not join the process group" in console and "frame #" not in console, console
 
 
 def test_a_busy_master_port_set_explicitly_fails_at_once_and_starts_no_worker(small_data, tmp_path):
