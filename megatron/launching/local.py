@@ -22,8 +22,8 @@ follow after the same step, so they are left to finish. The status of the run:
     0          every worker exited 0
     128 + S    deepy.py received signal S (SIGTERM: 143, SIGINT: 130), whatever the workers did
     N          otherwise, the first failed worker's status, 128 + S for one killed by signal S
-               (SIGKILL: 137; the hang watchdog's and the rendezvous
-               deadline's 124, a preemption's 143 pass through)
+               (SIGKILL: 137; the 124 of the hang watchdog and of the rendezvous deadline,
+               a preemption's 143 pass through)
 """
 
 from __future__ import annotations
