@@ -10,11 +10,11 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Mapping
 
+from megatron.exit_codes import TIMED_OUT
 from megatron.monitoring.logger import get_logger, refresh_rank
 from megatron.mpu.clocks import check_clocks
 from megatron.mpu.launch_env import TORCH, LaunchEnv, discovery_mode, read_launch_env
 from megatron.neox_arguments.sections.launcher import MULTI_NODE_MASTER_PORT, LauncherArgs
-from megatron.safety.watchdog import EXIT_CODE as WATCHDOG_EXIT_CODE
 
 log = get_logger(__name__)
 
@@ -150,7 +150,7 @@ def distributed_timeout_message(timeout_minutes: float, err: Exception) -> str:
             "distributed_timeout_minutes if nodes start slowly.")
 
 
-RENDEZVOUS_EXIT_CODE = WATCHDOG_EXIT_CODE  # the hang watchdog's 124: the job ran out of time
+RENDEZVOUS_EXIT_CODE = TIMED_OUT  # the hang watchdog's code: the job ran out of time
 RENDEZVOUS_GRACE_SECONDS = 30.0
 
 

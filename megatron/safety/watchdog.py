@@ -44,12 +44,13 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from megatron.exit_codes import TIMED_OUT
 from megatron.monitoring.logger import get_logger
 from megatron.safety.heartbeat import FINISHED, PeerReport, read_beats, write_beat
 
 log = get_logger(__name__)
 
-EXIT_CODE = 124  # as coreutils' `timeout`: the job ran out of time
+EXIT_CODE = TIMED_OUT
 STEP_PHASES = ("train step", "eval step")
 CHECKPOINT_PHASES = ("checkpoint save", "checkpoint load")
 STEP_WINDOW = 100  # train steps the median is taken over
