@@ -61,7 +61,7 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
 
     check_free(args.checkpoint.save)  # another live run writes there
     ck = args.checkpoint
-    if not ck.load or ck.finetune:
+    if not ck.load or ck.finetune or not Path(ck.load).is_dir():
         return
     from megatron.checkpointing.locate import planned_manifest
 
@@ -136,20 +136,19 @@ DATA_KEYS = ("data_path", "train_data_paths", "valid_data_paths", "test_data_pat
 
 def _check_tasks_in_training(args) -> None:
     """eval_tasks during training: a layout that allows it, lm-eval installed (A28)."""
+    if not args.eval.eval_tasks:
+        return
     from megatron.evaluation.during_training import refusal
+    from megatron.evaluation.lm_eval_version import require_lm_eval
 
     why = refusal(args)
     if why:
         raise ValueError(why)
-    if args.eval.eval_tasks:
-        from megatron.evaluation.lm_eval_version import require_lm_eval
-
-        require_lm_eval()
+    require_lm_eval()
 
 
 def _check_training_inputs(args) -> None:
     from megatron.data.indexed_dataset import MMapIndexedDataset
-    from megatron.training.engine import check_precision_supported
 
     for key in DATA_KEYS:
         value = getattr(args.data, key)
@@ -158,7 +157,11 @@ def _check_training_inputs(args) -> None:
                 MMapIndexedDataset(prefix)
             except (FileNotFoundError, ValueError) as err:
                 raise type(err)(f"{key}: {err}") from None
-    if not args.launcher.hostfile:  # with a hostfile, the GPUs are on other machines
+    # with a hostfile, the GPUs are on other machines; only fp16 needs asking torch (an import
+    # of some seconds before any worker starts)
+    if not args.launcher.hostfile and args.derived.precision == "fp16":
+        from megatron.training.engine import check_precision_supported
+
         check_precision_supported(args.derived.precision)
     _check_side_files(args)
     _check_post_training_start(args)
@@ -167,6 +170,11 @@ def _check_training_inputs(args) -> None:
 def _check_side_files(args) -> None:
     """The label, reward and rejected-response files belong with their token files (the checks
     the workers make again when they build the datasets), each error naming both files."""
+    d = args.data
+    if d.dataset_impl != "pairwise" and not any(
+            getattr(d, f"{split}_{kind}_data_paths")
+            for split in ("train", "valid", "test") for kind in ("label", "reward")):
+        return  # no side files (and no import of torch before the workers start)
     from megatron.data.aligned import check_pair, open_labels, read_rewards
     from megatron.data.indexed_dataset import MMapIndexedDataset
     from megatron.training.data import sample_options, token_paths
@@ -198,7 +206,7 @@ def _check_post_training_start(args) -> None:
         raise ValueError(f"train_impl {t.train_impl} compares the policy with a reference model, "
                          "the model training starts from, but load is not set: set load (with "
                          f"finetune: true) to the model to fine-tune{free}")
-    if not ck.load:
+    if not ck.load or not Path(ck.load).is_dir():  # nothing to load yet: no torch import here
         return
     from megatron.checkpointing.locate import planned_manifest
     from megatron.checkpointing.model_shape import head_change

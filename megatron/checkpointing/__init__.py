@@ -20,11 +20,24 @@ writing, fsync, atomic rename, retries), layout the names on disk.
 from megatron.checkpointing.errors import (CheckpointError, CheckpointMismatchError,
                                            CheckpointSaveError, CorruptFileError,
                                            NoValidCheckpointError)
-from megatron.checkpointing.load import load_checkpoint
-from megatron.checkpointing.reader import read_checkpoint
-from megatron.checkpointing.save import save_checkpoint
 from megatron.neox_arguments.derived import should_save
+
+# imported on first use (PEP 562): they import torch, which what reads only a checkpoint's
+# metadata (deepy.py's checks before any worker starts) does without
+_LAZY = {"load_checkpoint": "megatron.checkpointing.load",
+         "read_checkpoint": "megatron.checkpointing.reader",
+         "save_checkpoint": "megatron.checkpointing.save"}
 
 __all__ = ["load_checkpoint", "read_checkpoint", "save_checkpoint", "should_save",
            "CheckpointError", "CheckpointMismatchError", "CheckpointSaveError", "CorruptFileError",
            "NoValidCheckpointError"]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value

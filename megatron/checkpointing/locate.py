@@ -25,7 +25,6 @@ from megatron.checkpointing.errors import CorruptFileError
 from megatron.checkpointing.layout import (LATEST, MANIFEST_NAME, iteration_of, read_latest,
                                            saved_iterations, tag_for)
 from megatron.checkpointing.manifest import Manifest, assign_files, check_files, read_manifest
-from megatron.checkpointing import neox_format
 
 
 def _saved(root: Path) -> str:
@@ -115,6 +114,10 @@ def newest_good_iteration(root: Path) -> int | None:
 def read_any_manifest(step_dir: Path) -> Manifest:
     """Our manifest.json, or for a directory GPT-NeoX wrote (DeepSpeed's files, no manifest)
     the description neox_format gives it; CorruptFileError when neither reads."""
+    if (Path(step_dir) / MANIFEST_NAME).is_file():  # ours: neox_format (and torch) not needed
+        return read_manifest(step_dir)
+    from megatron.checkpointing import neox_format
+
     if neox_format.is_neox_directory(step_dir):
         return neox_format.describe(step_dir)
     return read_manifest(step_dir)
@@ -123,6 +126,8 @@ def read_any_manifest(step_dir: Path) -> Manifest:
 def verify_checkpoint(directory: Path) -> tuple[Manifest | None, list[str]]:
     """(manifest, problems found by any rank). Collective when torch.distributed is
     initialized: every rank checks the sizes of all files and hashes its share of them."""
+    from megatron.checkpointing import neox_format
+
     rank, world = collectives.rank(), collectives.world_size()
     manifest = None
     try:

@@ -327,7 +327,7 @@ class _Heads:
 def read_weights(step_dir: Path, manifest: Manifest, wanted: set[str] | None = None
                  ) -> dict[str, torch.Tensor]:
     """Our canonical full weights of the GPT-NeoX checkpoint (only `wanted` names if given)."""
-    from megatron.model.activations import GATED
+    from megatron.model.config import GATED
 
     tp = int(manifest.run["tp"])
     activation = manifest.config.get("activation")

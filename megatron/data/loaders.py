@@ -29,6 +29,7 @@ from megatron.data.gpt2_dataset import GPT2Dataset
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.data.samplers import PretrainingSampler
 from megatron.data.splits import SPLIT_NAMES, split_document_ranges, weights_by_num_documents
+from megatron.host import available_cpus  # noqa: F401 (re-exported)
 from megatron.monitoring.logger import get_logger
 
 logger = get_logger(__name__)
@@ -242,14 +243,6 @@ def _part_dataset(part: _Part, num_samples: int, *, seq_length, seed, cache_dir,
 # ----------------------------------------------------------------------------------------------
 # Loaders
 # ----------------------------------------------------------------------------------------------
-
-
-def available_cpus() -> int:
-    """CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 _CLAMPS_SAID: set[tuple[int, int]] = set()

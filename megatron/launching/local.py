@@ -44,6 +44,7 @@ from megatron.launching.stopping import (LAUNCH_ID_VAR, DeepySignals, exit_descr
                                          shell_status)
 from megatron.monitoring.progress import ENV as PROGRESS_ENV
 from megatron.safety.signals import STOP_STATUSES
+from megatron.host import cuda_available
 
 FAILURE_GRACE_SECONDS = 30.0
 READER_WAIT_SECONDS = 5.0  # for the workers' last output once they ended
@@ -82,6 +83,9 @@ def local_launch(hosts: dict[str, list[int]], node_rank: int, master_addr: str,
                        master_addr=master_addr, master_port=master_port)
 
 
+CPU_VISIBLE_DEVICES_VAR = "CUDA_VISIBLE_DEVICES"  # DeepSpeed's CPU accelerator: visible_devices_envs()
+
+
 def worker_env(base: dict[str, str], launch: LocalLaunch, local_rank: int,
                launch_id: str) -> dict[str, str]:
     """The environment of the worker with `local_rank` on this node."""
@@ -90,6 +94,9 @@ def worker_env(base: dict[str, str], launch: LocalLaunch, local_rank: int,
            "CROSS_RANK": str(launch.node_rank), "CROSS_SIZE": str(launch.nnodes),
            "MASTER_ADDR": launch.master_addr, "MASTER_PORT": str(launch.master_port),
            LAUNCH_ID_VAR: launch_id}
+    if base.get("DS_ACCELERATOR") == "cpu":  # what DeepSpeed's CPU accelerator sets, without
+        env[CPU_VISIBLE_DEVICES_VAR] = ",".join(map(str, launch.device_ids))  # importing it
+        return env
     from deepspeed.accelerator import get_accelerator
 
     get_accelerator().set_visible_devices_envs(env, list(launch.device_ids))
@@ -242,11 +249,7 @@ def name_cpu_accelerator(environ) -> None:
     """On a machine without CUDA, tell DeepSpeed its accelerator is the CPU (DS_ACCELERATOR),
     unless the user chose one: its detection otherwise warns "Setting accelerator to CPU" once
     per process. Detection under CUDA is left to DeepSpeed."""
-    if "DS_ACCELERATOR" in environ:
-        return
-    import torch
-
-    if not torch.cuda.is_available():
+    if "DS_ACCELERATOR" not in environ and not cuda_available():
         environ["DS_ACCELERATOR"] = "cpu"
 
 

@@ -24,7 +24,6 @@ ACTIVATIONS = {
     "swiglu": _gated(F.silu),
     "reglu": _gated(F.relu),
 }
-GATED = frozenset({"geglu", "swiglu", "reglu"})
 
 
 def get_activation(name: str):

@@ -9,6 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from megatron.neox_arguments.registries import GATED_ACTIVATIONS
+
+# activations whose MLP up-projection is two matrices, one gating the other (activations.py);
+# imported from here, without torch, by the counts deepy.py makes before any worker starts
+GATED = frozenset(GATED_ACTIVATIONS)
+
 
 @dataclass(frozen=True)
 class ModelConfig:

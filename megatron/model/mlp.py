@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from megatron.model.activations import GATED, bias_gelu, fused_swiglu, get_activation
+from megatron.model.activations import bias_gelu, fused_swiglu, get_activation
+from megatron.model.config import GATED
 from megatron.model.partition import Sharding
 from megatron.mpu.groups import NO_TP, TensorParallel
 from megatron.mpu.layers import ColumnParallelLinear, RowParallelLinear

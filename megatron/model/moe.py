@@ -53,7 +53,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from megatron.model.activations import GATED, get_activation
+from megatron.model.activations import get_activation
+from megatron.model.config import GATED
 from megatron.model.moe_dispatch import exchange_and_compute
 from megatron.mpu.groups import NO_TP, TensorParallel
 from megatron.mpu.mappings import copy_to_tensor_parallel, reduce_from_tensor_parallel

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from megatron.model.activations import GATED
+from megatron.model.config import GATED
 
 # class names of the layer specs (megatron/model/gpt.py build_layer_specs), which DeepSpeed's
 # "type:<regex>" partition method matches
@@ -110,11 +110,11 @@ def stage_layers(config, pp: int, method: str = "type:transformer|mlp", tp: int 
                  ep: int = 1) -> list[range]:
     """The layer-spec indices of each of `pp` pipeline stages, as DeepSpeed's PipelineModule
     partitions them (uniform, parameters or type:<regex>)."""
-    from deepspeed.runtime import utils as ds_utils
-
     kinds = layer_kinds(config)
     if pp <= 1:
         return [range(len(kinds))]
+    from deepspeed.runtime import utils as ds_utils  # imports torch: only where there are stages
+
     name = method.lower()
     if name == "uniform":
         parts = ds_utils.partition_uniform(num_items=len(kinds), num_parts=pp)

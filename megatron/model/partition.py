@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from megatron.model.activations import GATED
+from megatron.model.config import GATED
 from megatron.mpu.layers import merge_shards
 
 # parameter path (inside a layer) -> dimension split over ranks

@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from megatron.mpu.blocks import BLOCK_ELEMENTS
 from megatron.mpu.groups import TensorParallel
 
-BLOCK_ELEMENTS = 1 << 24  # logits values per block: 64 MiB of fp32 at a time
 # On a CPU the forward's log-sum-exp takes smaller blocks, through one reused buffer: a few MiB
 # stay in the CPU's caches between its passes (max, subtract and exp, sum); torch.logsumexp over
 # the large blocks took 3x as long on a 2048 x 50257 fp32 block on a CPU

@@ -69,9 +69,11 @@ def build_model(args, model_config: ModelConfig, topology: Topology, tp: TensorP
 
 def check_precision_supported(precision: str) -> None:
     """fp16 needs CUDA: DeepSpeed's CPU accelerator has none (ValueError saying what to use)."""
+    if precision != "fp16":
+        return
     import torch
 
-    if precision == "fp16" and not torch.cuda.is_available():
+    if not torch.cuda.is_available():
         raise ValueError("fp16 training needs a CUDA GPU: DeepSpeed's CPU accelerator has no fp16 "
                          "support. On CPU use bf16 ('bf16: {enabled: true}', fast on CPUs with "
                          "AMX) or fp32 (remove the fp16 section)")

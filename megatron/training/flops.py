@@ -3,7 +3,7 @@ config and the measured throughput."""
 
 from __future__ import annotations
 
-from megatron.model.activations import GATED
+from megatron.model.config import GATED
 from megatron.model.config import ModelConfig
 from megatron.model.param_count import count_parameters  # noqa: F401  (re-exported)
 

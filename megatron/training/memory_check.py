@@ -15,6 +15,7 @@ the estimate.
 from __future__ import annotations
 
 from megatron.monitoring.logger import get_logger
+from megatron.host import cuda_available
 from megatron.training.memory_estimate import (DTYPE_BYTES, Layout, MemoryEstimate, gib,
                                              inference_estimate, training_estimate)
 
@@ -47,9 +48,7 @@ ADVICE["checkpoint being read"] = ADVICE["weights"]
 
 def run_device() -> str:
     """Where local workers compute: "cuda" when this machine has a GPU, else "cpu"."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if cuda_available() else "cpu"
 
 
 def available_per_worker(device: str, workers: int) -> tuple[int, str]:

@@ -59,9 +59,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron.model.activations import GATED
+from megatron.host import available_cpus
+from megatron.model.config import GATED
 from megatron.model.param_count import expert_params_per_rank, params_per_rank, stage_layers
-from megatron.mpu.cross_entropy import BLOCK_ELEMENTS
+from megatron.mpu.blocks import BLOCK_ELEMENTS
 
 GIB = 1024**3
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -209,8 +210,6 @@ def framework_bytes(args, device: str) -> int:
     will start (num_workers, at most this machine's CPUs)."""
     if device == "cuda":
         return FRAMEWORK_BYTES["cuda"]
-    from megatron.data.loaders import available_cpus
-
     return FRAMEWORK_BYTES["cpu"] + min(args.data.num_workers, available_cpus()) * DATA_WORKER_BYTES
 
 

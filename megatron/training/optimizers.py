@@ -12,9 +12,10 @@ declare its own.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
+if TYPE_CHECKING:  # imported where an optimizer is built: `state_keys` serves deepy.py's memory
+    import torch  # estimate, made before any worker starts, without torch
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -56,6 +57,8 @@ def _fusable(groups) -> bool:
 def _adamw(groups, params: dict) -> torch.optim.Optimizer:
     """Decoupled weight decay (AdamW), or with `adam_w_mode: false` (FusedAdam's switch) the
     decay added to the gradient (Adam with L2). The moments are the same tensors either way."""
+    import torch
+
     # fused: one kernel for all parameters instead of a Python loop over them (torch only picks
     # a multi-tensor path by itself on CUDA)
     kind = torch.optim.AdamW if params.get("adam_w_mode", True) else torch.optim.Adam
@@ -64,6 +67,8 @@ def _adamw(groups, params: dict) -> torch.optim.Optimizer:
 
 
 def _sgd(groups, params: dict) -> torch.optim.Optimizer:
+    import torch
+
     return torch.optim.SGD(groups, lr=params.get("lr", 1e-3), momentum=params.get("momentum", 0.0),
                            dampening=params.get("dampening", 0.0),
                            nesterov=params.get("nesterov", False), foreach=True)

@@ -132,7 +132,7 @@ def _forks(*argv: str) -> tuple[int, int]:
     raw = "raw" in argv
     try:
         out = subprocess.run([sys.executable, "-m", "tests.safety.fork_worker", *argv], cwd=ROOT,
-                             capture_output=True, text=True, timeout=120 if raw else 600)
+                             capture_output=True, text=True, timeout=30 if raw else 600)
     except subprocess.TimeoutExpired:
         if not raw:
             raise
