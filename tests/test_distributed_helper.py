@@ -4,6 +4,7 @@ started ones would for what the tests rely on."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 
 from tests.distributed import run_distributed
@@ -15,7 +16,8 @@ def _report(rank, world, marker):
     if marker:
         print(f"{marker} from rank {rank} of {dist.get_world_size()}", flush=True)
     return {"env": os.environ.get("NEOX_HELPER_PROBE"), "server": os.getppid(),
-            "rank": os.environ["RANK"]}
+            "rank": os.environ["RANK"],
+            "start_method": multiprocessing.get_start_method(allow_none=True)}
 
 
 def test_output_reaches_the_capture_of_the_test_that_runs_it(capfd):
@@ -35,9 +37,12 @@ def test_the_environment_is_the_tests_own_at_the_time_of_the_run(monkeypatch):
 
 
 def test_runs_fork_from_one_server_on_cpu():
-    first = run_distributed(_report, 1, "first")[0]["server"]
-    second = run_distributed(_report, 1, "second")[0]["server"]
-    assert first == second != os.getpid()
+    first = run_distributed(_report, 1, "first")[0]
+    second = run_distributed(_report, 1, "second")[0]
+    assert first["server"] == second["server"] != os.getpid()
+    # what a process starts (a DataLoader's workers) forks from it, as from a launched worker,
+    # rather than coming slowly through the fork server
+    assert first["start_method"] == second["start_method"] == "fork"
 
 
 def test_with_a_gpu_accelerator_processes_are_spawned_and_print_to_the_capture(monkeypatch,
