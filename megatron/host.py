@@ -54,6 +54,14 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def check_precision_supported(precision: str) -> None:
+    """fp16 needs CUDA: DeepSpeed's CPU accelerator has none (ValueError saying what to use)."""
+    if precision == "fp16" and not cuda_available():
+        raise ValueError("fp16 training needs a CUDA GPU: DeepSpeed's CPU accelerator has no fp16 "
+                         "support. On CPU use bf16 ('bf16: {enabled: true}', fast on CPUs with "
+                         "AMX) or fp32 (remove the fp16 section)")
+
+
 def available_cpus() -> int:
     """CPUs this process may run on."""
     try:

@@ -14,7 +14,7 @@ prefix has its `.bin`/`.idx` pair with a readable header (named with its config 
 reward and rejected-response files belong with their token files (megatron.data.aligned), DPO
 and KTO have a model to start from and compare with, a reward model starts from a language model
 only as a fine-tune, and fp16 is asked for only where a local launch has CUDA
-(training.engine.check_precision_supported).
+(host.check_precision_supported).
 
 For a run that loads a checkpoint:
 - the model shape the manifest records (layers, widths, heads, experts) is this config's
@@ -32,6 +32,8 @@ Each check reads only the manifest and config.yml of the checkpoint the run woul
 from __future__ import annotations
 
 from pathlib import Path
+
+from megatron.host import check_precision_supported
 
 LOADING_SCRIPTS = ("train.py", "reshard.py")
 TRACKING_SCRIPTS = ("train.py", "eval.py")
@@ -61,7 +63,7 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
 
     check_free(args.checkpoint.save)  # another live run writes there
     ck = args.checkpoint
-    if not ck.load or ck.finetune or not Path(ck.load).is_dir():
+    if not ck.load or ck.finetune:
         return
     from megatron.checkpointing.locate import planned_manifest
 
@@ -157,11 +159,7 @@ def _check_training_inputs(args) -> None:
                 MMapIndexedDataset(prefix)
             except (FileNotFoundError, ValueError) as err:
                 raise type(err)(f"{key}: {err}") from None
-    # with a hostfile, the GPUs are on other machines; only fp16 needs asking torch (an import
-    # of some seconds before any worker starts)
-    if not args.launcher.hostfile and args.derived.precision == "fp16":
-        from megatron.training.engine import check_precision_supported
-
+    if not args.launcher.hostfile:  # with a hostfile, the GPUs are on other machines
         check_precision_supported(args.derived.precision)
     _check_side_files(args)
     _check_post_training_start(args)
@@ -206,7 +204,7 @@ def _check_post_training_start(args) -> None:
         raise ValueError(f"train_impl {t.train_impl} compares the policy with a reference model, "
                          "the model training starts from, but load is not set: set load (with "
                          f"finetune: true) to the model to fine-tune{free}")
-    if not ck.load or not Path(ck.load).is_dir():  # nothing to load yet: no torch import here
+    if not ck.load:
         return
     from megatron.checkpointing.locate import planned_manifest
     from megatron.checkpointing.model_shape import head_change

@@ -39,12 +39,12 @@ import threading
 import time
 from dataclasses import dataclass
 
+from megatron.host import cuda_available
 from megatron.launching.merge import WarningMerger, pipe_lines
 from megatron.launching.stopping import (LAUNCH_ID_VAR, DeepySignals, exit_description, send,
                                          shell_status)
 from megatron.monitoring.progress import ENV as PROGRESS_ENV
 from megatron.safety.signals import STOP_STATUSES
-from megatron.host import cuda_available
 
 FAILURE_GRACE_SECONDS = 30.0
 READER_WAIT_SECONDS = 5.0  # for the workers' last output once they ended
@@ -83,7 +83,8 @@ def local_launch(hosts: dict[str, list[int]], node_rank: int, master_addr: str,
                        master_addr=master_addr, master_port=master_port)
 
 
-CPU_VISIBLE_DEVICES_VAR = "CUDA_VISIBLE_DEVICES"  # DeepSpeed's CPU accelerator: visible_devices_envs()
+# the variable DeepSpeed's CPU accelerator names the devices in (its visible_devices_envs())
+CPU_VISIBLE_DEVICES_VAR = "CUDA_VISIBLE_DEVICES"
 
 
 def worker_env(base: dict[str, str], launch: LocalLaunch, local_rank: int,

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from megatron.checkpointing.run import RunDescription
+from megatron.host import check_precision_supported
 from megatron.model.config import ModelConfig
 from megatron.model.fusions import fusion_paths
 from megatron.model.gpt import GPTModel, build_pipeline_model
@@ -65,18 +66,6 @@ def build_model(args, model_config: ModelConfig, topology: Topology, tp: TensorP
             return build_pipeline_model(model_config, topology.deepspeed_topology(),
                                         par.pipe_partition_method, recompute, tp, loss_fn)
     return GPTModel(model_config, tp, recompute)
-
-
-def check_precision_supported(precision: str) -> None:
-    """fp16 needs CUDA: DeepSpeed's CPU accelerator has none (ValueError saying what to use)."""
-    if precision != "fp16":
-        return
-    import torch
-
-    if not torch.cuda.is_available():
-        raise ValueError("fp16 training needs a CUDA GPU: DeepSpeed's CPU accelerator has no fp16 "
-                         "support. On CPU use bf16 ('bf16: {enabled: true}', fast on CPUs with "
-                         "AMX) or fp32 (remove the fp16 section)")
 
 
 def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engine:
