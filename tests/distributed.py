@@ -24,8 +24,9 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-# imported once by the fork server; nothing here starts a thread or touches a device
-PRELOAD = ["torch", "torch.distributed", "deepspeed"]
+# imported once by the fork server; nothing here starts a thread or touches a device.
+# torch._dynamo (~2 s) is imported by the first torch optimizer a process builds
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "deepspeed"]
 
 
 def _context():
@@ -52,7 +53,7 @@ class _Stdio:
         return _received_stdio, (DupFd(1), DupFd(2))  # sent along with the process
 
 
-def _worker(rank: int, world: int, port: int, fn, args, results, join: bool = True,
+def _worker(rank: int, world: int, port: int | None, fn, args, results, join: bool = True,
             environ: dict | None = None, stdio=None):
     if stdio is not None:
         sys.stdout.flush()
@@ -64,8 +65,9 @@ def _worker(rank: int, world: int, port: int, fn, args, results, join: bool = Tr
     if environ is not None:  # the fork server's environment is the one it started with
         os.environ.clear()
         os.environ.update(environ)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    if port is not None:  # otherwise the environment given names the rendezvous
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                          WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     if multiprocessing.get_start_method(allow_none=True) == "forkserver":
         # what this process starts (a DataLoader's workers) forks from it, as from a worker
         # deepy.py starts: through the fork server, a tiny 4-iteration training waited 16 s
@@ -85,26 +87,33 @@ def _worker(rank: int, world: int, port: int, fn, args, results, join: bool = Tr
             dist.destroy_process_group()
 
 
-def run_distributed(fn, world: int, *args, join: bool = True):
+def run_distributed(fn, world: int, *args, join: bool = True,
+                    environs: list[dict] | None = None):
     """fn(rank, world, *args) on `world` gloo processes; returns the list of results by rank.
 
     `fn` must be a module-level function; results must be picklable (tensors are fine). With
     `join` False the processes start outside any process group (RANK, MASTER_ADDR ... set) and
-    `fn` joins one itself.
+    `fn` joins one itself. `environs`, one per rank, replaces the test's environment and the
+    variables set here: each names its rank and rendezvous itself, as a launcher's would.
     """
     ctx = _context()
-    port = _port()
-    environ = dict(os.environ)
+    port = None if environs else _port()
+    environs = environs or [dict(os.environ)] * world
+    assert len(environs) == world, f"{len(environs)} environments for {world} processes"
     with ctx.Manager() as manager:
         results = manager.dict()
         procs = [ctx.Process(target=_worker,
-                             args=(r, world, port, fn, args, results, join, environ,
+                             args=(r, world, port, fn, args, results, join, environs[r],
                                    _Stdio()))
                  for r in range(world)]
         for p in procs:
             p.start()
         for p in procs:
             p.join(timeout=300)
+        for p in procs:  # a process still running is stuck: nothing may outlive the test
+            if p.is_alive():
+                p.kill()
+                p.join()
         out = dict(results)
     errors = [f"rank {r}:\n{v[1]}" for r, v in sorted(out.items()) if v[0] == "error"]
     missing = [r for r in range(world) if r not in out]

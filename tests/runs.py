@@ -1,4 +1,6 @@
-"""Helpers for tests that run the real launcher: a small real dataset, free ports, deepy runs."""
+"""Helpers for tests that run the real launcher: a small real dataset, free ports, deepy runs,
+and the same launches with the workers forked in-process (`launch_in_process`) for tests whose
+subject is what the workers do."""
 
 from __future__ import annotations
 
@@ -107,3 +109,96 @@ def wait_for_text(path: Path, text: str, proc: subprocess.Popen, limit: float = 
         assert proc.poll() is None, path.read_text()[-3000:]
         assert time.time() < deadline, path.read_text()[-3000:]
         time.sleep(0.2)
+
+
+
+def _launched_worker(rank: int, world: int, script: str, worker_argv: list[str],
+                     output: str) -> int:
+    """One worker of `launch_in_process`: the script's main() with the launcher's argv, its
+    stdout and stderr (and those of what it starts) in files of `output`."""
+    import importlib.util
+
+    import torch
+
+    for fd, suffix in ((1, "out"), (2, "err")):
+        file = os.open(Path(output) / f"{rank}.{suffix}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(file, fd)
+        os.close(file)
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # as the launcher's variable would
+    spec = importlib.util.spec_from_file_location(f"_launched_{Path(script).stem}",
+                                                  ROOT / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        return module.main(worker_argv)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def launch_in_process(script: str, *argv: str, env: dict | None = None
+                      ) -> subprocess.CompletedProcess:
+    """What `python deepy.py <script> *argv` does on this machine (config resolved, launch
+    planned, preflight, each worker's environment), with the workers forked from the test
+    session's fork server (tests/distributed.py), which has torch and DeepSpeed imported,
+    instead of started as new Python processes: on 2 cores the workers of an 8-process launch
+    spend some 20 s importing them. For tests whose subject is what the workers compute and
+    print, not the launch: the result has the workers' exit status as deepy.py would give it
+    (the first that is not 0) and their stdout and stderr, rank after rank, without deepy.py's
+    own lines or its merging of warnings; a launch deepy.py refuses has its status (1) and
+    error line. `env` adds variables to the workers'. Nothing watches the workers: a test
+    that kills one or expects one to fail alone runs deepy.py."""
+    import contextlib
+    import io
+    import logging
+    import tempfile
+
+    from megatron.entry import USER_ERRORS, split_command_line
+    from megatron.launcher import plan_launch
+    from megatron.launching.local import name_cpu_accelerator, worker_env
+    from megatron.launching.stopping import LAUNCH_ID_VAR, new_launch_id
+    from megatron.neox_arguments import NeoXArgs
+    from megatron.monitoring.errors import describe_error
+    from megatron.monitoring.logger import setup_logging
+    from megatron.preflight import preflight
+    from tests.distributed import run_distributed
+
+    launcher_out, launcher_err = io.StringIO(), io.StringIO()  # what deepy.py would print
+    setup_logging()
+    handler = next(h for h in logging.getLogger("megatron").handlers if hasattr(h, "_megatron"))
+    stream = handler.setStream(launcher_err)
+    try:
+        with contextlib.redirect_stdout(launcher_out), contextlib.redirect_stderr(launcher_err):
+            files, overrides = split_command_line(list(argv))
+            args = NeoXArgs.from_ymls(files, overrides)
+            setup_logging(args.logging.log_level)
+            plan = plan_launch(args, script)
+            assert plan.local is not None and plan.local.nnodes == 1, "one node's launches only"
+            preflight(args.with_world_size(plan.world_size), script,
+                      workers_here=len(plan.local.ranks))
+    except USER_ERRORS as err:  # as deepy.py reports it
+        return subprocess.CompletedProcess([script, *argv], 1, launcher_out.getvalue(),
+                                           f"{launcher_err.getvalue()}error: "
+                                           f"{describe_error(err)}\n")
+    finally:
+        handler.setStream(stream)
+    launch_id = new_launch_id()
+    env = {**clean_env(), **plan.env, **(env or {}), LAUNCH_ID_VAR: launch_id}
+    name_cpu_accelerator(env)
+    environs = [worker_env(env, plan.local, r, launch_id) for r in range(len(plan.local.ranks))]
+    worker_argv = plan.argv[plan.argv.index(script) + 1:]
+    with tempfile.TemporaryDirectory(prefix="workers_") as output:
+        try:
+            statuses = run_distributed(_launched_worker, plan.world_size, script, worker_argv,
+                                       output, join=False, environs=environs)
+        finally:
+            texts = {suffix: "".join((Path(output) / f"{r}.{suffix}").read_text()
+                                     for r in range(plan.world_size)
+                                     if (Path(output) / f"{r}.{suffix}").exists())
+                     for suffix in ("out", "err")}
+            print(texts["out"], end="")  # in the test's capture, shown when it fails
+            print(texts["err"], end="", file=sys.stderr)
+    status = next((s for s in statuses if s != 0), 0)
+    return subprocess.CompletedProcess([script, *argv], status,
+                                       launcher_out.getvalue() + texts["out"],
+                                       launcher_err.getvalue() + texts["err"])

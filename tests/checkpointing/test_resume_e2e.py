@@ -1,5 +1,5 @@
 """Real runs (`python deepy.py train.py configs/tiny.yml`, two gloo processes, data parallel,
-dropout on): stopping and resuming changes nothing, and a save that dies, fills the disk or
+dropout on; the workers forked in-process unless one is to fail, tests/runs.py): stopping and resuming changes nothing, and a save that dies, fills the disk or
 leaves damaged files loses nothing.
 
 Every run trains the same 6 iterations (checkpoints at 2, 4, 6) as an uninterrupted reference
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.runs import deepy, explain, read_metrics, tiny_overrides
+from tests.runs import deepy, explain, launch_in_process, read_metrics, tiny_overrides
 
 STEPS = 6
 EXACT_HINT = ("the resumed run diverged from the uninterrupted one; if only dropout differs, "
@@ -24,12 +24,17 @@ EXACT_HINT = ("the resumed run diverged from the uninterrupted one; if only drop
 
 
 def run(small_data, run_dir: Path, env: dict | None = None, **extra):
+    """The tiny config's run of STEPS iterations. With `env` (a fault to inject) deepy.py
+    launches it, since a worker dies or fails alone; otherwise its workers are forked
+    in-process (tests/runs.py)."""
     prefix, tok = small_data
     values = dict(train_iters=STEPS, checkpoint_factor=2, log_interval=1, hidden_dropout=0.1,
                   eval_interval=4, eval_iters=1)
     values.update(extra)
-    return deepy("train.py", "configs/tiny.yml", *tiny_overrides(prefix, tok, run_dir, **values),
-                 env=env)
+    argv = ["configs/tiny.yml", *tiny_overrides(prefix, tok, run_dir, **values)]
+    if env:
+        return deepy("train.py", *argv, env=env)
+    return launch_in_process("train.py", *argv)
 
 
 def losses_by_iteration(run_dir: Path) -> dict[int, float]:

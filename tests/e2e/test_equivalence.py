@@ -1,5 +1,6 @@
-"""Every parallel layout trains the same model as one process: `deepy.py train.py` runs of the
-tiny config whose loss traces (every step) and final weights must match a single-process run.
+"""Every parallel layout trains the same model as one process: runs of the tiny config's
+`deepy.py train.py` launch (its workers forked in-process, tests/runs.py) whose loss traces
+(every step) and final weights must match a single-process run.
 
 Tolerance: fp32 with identical initial weights and data; layouts differ only in the order of
 floating-point additions (all-reduce sums, split matmuls): ~1e-7 relative per operation. Adam
@@ -19,7 +20,7 @@ import math
 import pytest
 import torch
 
-from tests.runs import deepy, explain, read_metrics, tiny_overrides
+from tests.runs import explain, launch_in_process, read_metrics, tiny_overrides
 from megatron.checkpointing.weights import full_weights
 
 STEPS = 6
@@ -38,12 +39,11 @@ def overrides(**layout) -> dict:
 
 
 def launch(small_data, run_dir, **layout):
-    """`deepy.py train.py` of the tiny config with `overrides(**layout)`; the finished process."""
+    """The `deepy.py train.py` launch of the tiny config with `overrides(**layout)`."""
     prefix, tok = small_data
-    proc = deepy("train.py", "configs/tiny.yml",
-                 *tiny_overrides(prefix, tok, run_dir, **overrides(**layout)), timeout=600)
+    proc = launch_in_process("train.py", "configs/tiny.yml",
+                             *tiny_overrides(prefix, tok, run_dir, **overrides(**layout)))
     assert proc.returncode == 0, explain(proc)
-    return proc
 
 
 def train(small_data, run_dir, **layout):

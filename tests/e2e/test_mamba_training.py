@@ -1,5 +1,5 @@
-"""Mamba training through `deepy.py train.py configs/tiny.yml configs/tiny_mamba.yml` (Mamba
-layers 0, 1 and 3, attention layer 2): tensor parallel 2, pipeline 2, ZeRO 2 over two replicas
+"""Mamba training through `deepy.py train.py configs/tiny.yml configs/tiny_mamba.yml` (its
+workers forked in-process, tests/runs.py; Mamba layers 0, 1 and 3, attention layer 2): tensor parallel 2, pipeline 2, ZeRO 2 over two replicas
 and tensor x pipeline 2 x 2 with activation checkpointing train the same model as one process
 under the dense runs' tolerance (tests/e2e/test_equivalence.py); the channels and their
 optimizer state reshard to one rank; a stopped run resumes bit for bit; an attention config
@@ -17,7 +17,8 @@ from tests.checkpointing.test_resume_e2e import (assert_stop_and_resume_exact,
                                                  losses_by_iteration, run)
 from tests.checkpointing.test_reshard import assert_same_state, full_state
 from tests.e2e.test_equivalence import STEPS, assert_trains_like, overrides
-from tests.runs import NEOX_CONFIGS, deepy, explain, read_metrics, tiny_overrides
+from tests.runs import (NEOX_CONFIGS, deepy, explain, launch_in_process, read_metrics,
+                        tiny_overrides)
 
 MAMBA = ("configs/tiny.yml", "configs/tiny_mamba.yml")
 LAYOUTS = {
@@ -31,8 +32,8 @@ LAYOUTS = {
 def train(small_data, run_dir, **layout):
     """(losses of every step, the final checkpoint directory)."""
     prefix, tok = small_data
-    proc = deepy("train.py", *MAMBA,
-                 *tiny_overrides(prefix, tok, run_dir, **overrides(**layout)), timeout=600)
+    proc = launch_in_process("train.py", *MAMBA,
+                             *tiny_overrides(prefix, tok, run_dir, **overrides(**layout)))
     assert proc.returncode == 0, explain(proc)
     records, _ = read_metrics(run_dir / "logs")
     return [r["lm_loss"] for r in records], run_dir / "ckpt" / f"global_step{STEPS}"
@@ -72,10 +73,10 @@ def test_the_reshard_tool_merges_mamba_channels_and_their_optimizer_state(
     *_, step_dir = tp2_pp2
     prefix, tok = small_data
     out = tmp_path / "one"
-    proc = deepy("tools/ckpts/reshard.py", *MAMBA,
-                 *tiny_overrides(prefix, tok, tmp_path, num_gpus=1, model_parallel_size=1,
-                                 pipe_parallel_size=0, train_iters=STEPS, load=step_dir.parent,
-                                 save=out))
+    proc = launch_in_process("tools/ckpts/reshard.py", *MAMBA,
+                             *tiny_overrides(prefix, tok, tmp_path, num_gpus=1,
+                                             model_parallel_size=1, pipe_parallel_size=0,
+                                             train_iters=STEPS, load=step_dir.parent, save=out))
     assert proc.returncode == 0, explain(proc)
     merged = full_state(out)
     assert merged.state["1.mixer.A_log"]["exp_avg"].shape == (256, 16)
@@ -105,11 +106,11 @@ def test_stop_and_resume_in_bf16_is_bitwise_identical_with_a_and_d_in_fp32(small
     # fp32 groups and their optimizer state carry over bit for bit
     prefix, tok = small_data
     out = tmp_path / "tp2-zero1"
-    proc = deepy("tools/ckpts/reshard.py", "configs/tiny.yml",
-                 *tiny_overrides(prefix, tok, tmp_path, **mamba, num_gpus=2,
-                                 model_parallel_size=2, pipe_parallel_size=0,
-                                 zero_optimization="{stage: 1}", train_iters=STEPS,
-                                 load=reference / "ckpt", save=out))
+    proc = launch_in_process("tools/ckpts/reshard.py", "configs/tiny.yml",
+                             *tiny_overrides(prefix, tok, tmp_path, **mamba, num_gpus=2,
+                                             model_parallel_size=2, pipe_parallel_size=0,
+                                             zero_optimization="{stage: 1}", train_iters=STEPS,
+                                             load=reference / "ckpt", save=out))
     assert proc.returncode == 0, explain(proc)
     resharded = full_state(out)
     assert resharded.weights["1.mixer.A_log"].dtype == torch.float32
@@ -136,12 +137,12 @@ def test_gpt_neox_mamba_130m_config_trains_in_a_shortened_run(small_data, tmp_pa
     its three fusion flags: the chunked scan on CPU), on one CPU process at 128 tokens for two
     steps, in fp32 (its fp16 needs a GPU)."""
     prefix, tok = small_data
-    proc = deepy("train.py", str(NEOX_CONFIGS / "mamba" / "mamba-130M.yml"), *tiny_overrides(
+    proc = launch_in_process("train.py", str(NEOX_CONFIGS / "mamba" / "mamba-130M.yml"),
+                             *tiny_overrides(
         prefix, tok, tmp_path, hostfile="null", num_gpus=1, seq_length=128,
         train_micro_batch_size_per_gpu=1, train_batch_size=1, train_iters=2, lr_decay_iters=2,
         split="900,50,50", log_interval=1, eval_interval=2, eval_iters=1, checkpoint_factor=2,
-        tokenizer_type="HFTokenizer", fp16="{enabled: false}", distributed_backend="gloo"),
-        timeout=900)
+        tokenizer_type="HFTokenizer", fp16="{enabled: false}", distributed_backend="gloo"))
     assert proc.returncode == 0, explain(proc)
     assert "mamba: 24 of 24 layers, 1536 channels, state 16; scan: chunked torch scan" \
         in proc.stderr

@@ -1,5 +1,5 @@
 """Mixture-of-experts training through `deepy.py train.py configs/tiny.yml configs/tiny_moe.yml`
-(experts in layers 0 and 2, Sinkhorn routing, load-balancing and z losses in the loss): the
+(its workers forked in-process, tests/runs.py; experts in layers 0 and 2, Sinkhorn routing, load-balancing and z losses in the loss): the
 tensor x pipeline 2 x 2 layout (experts split over tensor ranks, MoE layers on both stages), a
 data-parallel layout without gradient accumulation and expert-parallel layouts (experts split
 over data-parallel ranks, alone and with tensor, pipeline, ZeRO 1/2 and expert-data-parallel
@@ -23,7 +23,7 @@ from tests.checkpointing.test_resume_e2e import (assert_stop_and_resume_exact,
                                                  losses_by_iteration, run)
 from tests.checkpointing.test_reshard import assert_same_state, full_state
 from tests.e2e.test_equivalence import STEPS, assert_trains_like, overrides
-from tests.runs import deepy, explain, read_metrics, tiny_overrides
+from tests.runs import deepy, explain, launch_in_process, read_metrics, tiny_overrides
 
 MOE = ("configs/tiny.yml", "configs/tiny_moe.yml")
 MOE_LAYERS = (0, 2)
@@ -31,8 +31,8 @@ MOE_LAYERS = (0, 2)
 
 def launch(small_data, run_dir, *configs, **layout):
     prefix, tok = small_data
-    return deepy("train.py", *configs,
-                 *tiny_overrides(prefix, tok, run_dir, **overrides(**layout)), timeout=600)
+    return launch_in_process("train.py", *configs,
+                             *tiny_overrides(prefix, tok, run_dir, **overrides(**layout)))
 
 
 def train(small_data, run_dir, **layout):
@@ -144,8 +144,8 @@ def test_the_reshard_tool_moves_experts_and_their_optimizer_state_to_one_rank(
     *_, step_dir = tp2_pp2
     prefix, tok = small_data
     out = tmp_path / "tp1"
-    proc = deepy("tools/ckpts/reshard.py", *MOE,
-                 *tiny_overrides(prefix, tok, tmp_path, num_gpus=1, model_parallel_size=1,
+    proc = launch_in_process("tools/ckpts/reshard.py", *MOE,
+                             *tiny_overrides(prefix, tok, tmp_path, num_gpus=1, model_parallel_size=1,
                                  pipe_parallel_size=0, train_iters=STEPS, load=step_dir.parent,
                                  save=out))
     assert proc.returncode == 0, explain(proc)
@@ -164,8 +164,8 @@ def test_the_reshard_tool_moves_expert_parallel_state_to_one_rank_and_back(
     *_, step_dir = ep2_tp2
     prefix, tok = small_data
     one = tmp_path / "one"
-    proc = deepy("tools/ckpts/reshard.py", *MOE,
-                 *tiny_overrides(prefix, tok, tmp_path, num_gpus=1, model_parallel_size=1,
+    proc = launch_in_process("tools/ckpts/reshard.py", *MOE,
+                             *tiny_overrides(prefix, tok, tmp_path, num_gpus=1, model_parallel_size=1,
                                  pipe_parallel_size=0, train_iters=STEPS, load=step_dir.parent,
                                  save=one))
     assert proc.returncode == 0, explain(proc)
@@ -173,8 +173,8 @@ def test_the_reshard_tool_moves_expert_parallel_state_to_one_rank_and_back(
     assert merged.state["1.mlp.experts.w_in"]["exp_avg"].shape[0] == 4
     assert_same_state(saved, merged)
     back = tmp_path / "ep2-dp4"
-    proc = deepy("tools/ckpts/reshard.py", *MOE,
-                 *tiny_overrides(prefix, tok, tmp_path, **EXPERT_PARALLEL["ep2-dp4-zero1"],
+    proc = launch_in_process("tools/ckpts/reshard.py", *MOE,
+                             *tiny_overrides(prefix, tok, tmp_path, **EXPERT_PARALLEL["ep2-dp4-zero1"],
                                  train_iters=STEPS, load=one, save=back))
     assert proc.returncode == 0, explain(proc)
     assert_same_state(saved, full_state(back))
@@ -236,12 +236,12 @@ def test_gpt_neox_125m_dmoe_config_trains_in_a_shortened_run(small_data, tmp_pat
     from tests.runs import NEOX_CONFIGS
 
     prefix, tok = small_data
-    proc = deepy("train.py", str(NEOX_CONFIGS / "125M-dmoe.yml"), *tiny_overrides(
+    proc = launch_in_process("train.py", str(NEOX_CONFIGS / "125M-dmoe.yml"), *tiny_overrides(
         prefix, tok, tmp_path, hostfile="null", num_gpus=1, num_layers=2, seq_length=128,
         train_micro_batch_size_per_gpu=2, train_batch_size=2, train_iters=2, lr_decay_iters=2,
         split="900,50,50",
         log_interval=1, eval_interval=2, eval_iters=1, checkpoint_factor=2,
-        tokenizer_type="HFTokenizer"), timeout=600)
+        tokenizer_type="HFTokenizer"))
     assert proc.returncode == 0, explain(proc)
     records, validation = read_metrics(tmp_path / "logs")
     assert [r["iteration"] for r in records] == [1, 2] and validation

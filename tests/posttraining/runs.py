@@ -1,8 +1,9 @@
 """Post-training runs for the tests: the synthetic chat data preprocessed once per session, runs
-of `deepy.py train.py configs/tiny.yml` on it, and greedy answers of a trained checkpoint.
+of `deepy.py train.py configs/tiny.yml` on it (workers forked in-process: tests/runs.py), and
+greedy answers of a trained checkpoint.
 
     files = prepare_chat_files(tokenizer_json, out_dir)       # ChatFiles: prefixes per split
-    proc = posttrain(files, run_dir, "normal", train_iters=40)  # a finished deepy run
+    proc = posttrain(files, run_dir, "normal", train_iters=40)  # a finished run
     accuracy = greedy_accuracy(step_dir, files)                 # share of colours answered right
 """
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from megatron.data.chat_example import (ANSWERS, kto_records, make_chat_tokenizer,
                                          preference_records, question, sft_records, write_jsonl)
-from tests.runs import deepy, explain, free_port
+from tests.runs import explain, free_port, launch_in_process
 
 SPLITS = {"train": (256, 0), "valid": (32, 1), "test": (32, 2)}  # records, seed
 
@@ -80,7 +81,7 @@ def data_overrides(files: ChatFiles, impl: str) -> dict:
 
 
 def posttrain(files: ChatFiles, run: Path, impl: str = "normal", check: bool = True, **extra):
-    """`deepy.py train.py configs/tiny.yml` on the chat data; the finished process."""
+    """The `deepy.py train.py configs/tiny.yml` launch on the chat data; the finished run."""
     values = {"vocab_file": files.vocab_file, "tokenizer_type": "HFTokenizer",
               "save": str(run / "ckpt"), "log_dir": str(run / "logs"), "seq_length": 64,
               "max_position_embeddings": 64, "pack_impl": "unpacked", "train_iters": 40,
@@ -90,7 +91,7 @@ def posttrain(files: ChatFiles, run: Path, impl: str = "normal", check: bool = T
               **data_overrides(files, impl), **extra}
     values.setdefault("load", values["save"])
     argv = [f"{k}={v}" for k, v in values.items()]
-    proc = deepy("train.py", "configs/tiny.yml", *argv)
+    proc = launch_in_process("train.py", "configs/tiny.yml", *argv)
     if check:
         assert proc.returncode == 0, explain(proc)
     return proc
