@@ -32,7 +32,7 @@ from megatron.checkpointing.weights import full_weights
 from tests.checkpointing.test_reshard import assert_same_state, full_state
 from tests.e2e.test_equivalence import (STEPS, WEIGHT_ATOL, assert_trains_like, initial_weights,
                                        launch, train)
-from tests.runs import deepy, explain, read_metrics, tiny_overrides
+from tests.runs import deepy, explain, launch_in_process, read_metrics, tiny_overrides
 
 GPT2_IDS = 50257
 PADDED = 50432  # at tp2 (128 x 2); at tp1 GPT-NeoX pads to 50304
@@ -132,7 +132,7 @@ def reshard(gpt2_sized, tp2_root: Path, out: Path, tp: int):
     Its config keeps tiny.yml's Adam eps (1e-8, not the runs' 1e-4): the run that loads the
     rewritten checkpoint trains with the eps of its own config."""
     prefix, tok = gpt2_sized
-    return deepy("tools/ckpts/reshard.py", "configs/tiny.yml", *tiny_overrides(
+    return launch_in_process("tools/ckpts/reshard.py", "configs/tiny.yml", *tiny_overrides(
         prefix, tok, out.parent, num_gpus=tp, model_parallel_size=tp, load=tp2_root, save=out,
         iteration=RESUME_FROM, train_iters=STEPS, **SHAPE))
 

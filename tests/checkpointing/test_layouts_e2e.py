@@ -1,5 +1,5 @@
 """Real runs at tensor x pipeline parallelism 2 x 2 (four gloo processes, `python deepy.py
-train.py configs/tiny.yml`): stopping and resuming is bitwise identical to an uninterrupted run
+train.py configs/tiny.yml`'s launch with its workers forked in-process, tests/runs.py): stopping and resuming is bitwise identical to an uninterrupted run
 (bf16 with dropout, which draws from the restored tensor-parallel generators), and the
 checkpoint resumes at tensor x pipeline 1 x 1 (two data-parallel processes), resharded on load,
 continuing the same loss curve. Dropout is off there, since the resharded run's random
@@ -16,7 +16,7 @@ import pytest
 from tests.checkpointing.test_resume_e2e import (assert_stop_and_resume_exact, copy_checkpoints,
                                                  losses_by_iteration, run)
 from tests.checkpointing.test_reshard import assert_same_state, full_state
-from tests.runs import deepy, explain, tiny_overrides
+from tests.runs import deepy, explain, launch_in_process, tiny_overrides
 
 TP2_PP2 = dict(num_gpus=4, model_parallel_size=2, pipe_parallel_size=2, hidden_dropout=0.0)
 RESHARD_RTOL = 1e-4  # fp32; other tensor-parallel splits sum in another order
@@ -66,9 +66,10 @@ def test_the_reshard_tool_rewrites_a_tp2_pp2_checkpoint_at_tp1(small_data, tmp_p
     _, want_root = reference("fp32")
     prefix, tok = small_data
     out = tmp_path / "tp1"
-    proc = deepy("tools/ckpts/reshard.py", "configs/tiny.yml",
-                 *tiny_overrides(prefix, tok, tmp_path, num_gpus=2, model_parallel_size=1,
-                                 pipe_parallel_size=0, train_iters=6, load=want_root, save=out))
+    proc = launch_in_process("tools/ckpts/reshard.py", "configs/tiny.yml",
+                             *tiny_overrides(prefix, tok, tmp_path, num_gpus=2,
+                                             model_parallel_size=1, pipe_parallel_size=0,
+                                             train_iters=6, load=want_root, save=out))
     assert proc.returncode == 0, explain(proc)
     manifest = json.loads((out / "global_step6" / "manifest.json").read_text())
     assert {k: manifest["run"][k] for k in ("tp", "pipe_parallel_size", "dp")} == {

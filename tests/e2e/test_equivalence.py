@@ -39,11 +39,13 @@ def overrides(**layout) -> dict:
 
 
 def launch(small_data, run_dir, **layout):
-    """The `deepy.py train.py` launch of the tiny config with `overrides(**layout)`."""
+    """The `deepy.py train.py` launch of the tiny config with `overrides(**layout)`; the
+    finished run."""
     prefix, tok = small_data
     proc = launch_in_process("train.py", "configs/tiny.yml",
                              *tiny_overrides(prefix, tok, run_dir, **overrides(**layout)))
     assert proc.returncode == 0, explain(proc)
+    return proc
 
 
 def train(small_data, run_dir, **layout):

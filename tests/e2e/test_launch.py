@@ -1,7 +1,7 @@
 """The launcher as users meet it: two "nodes" on one machine, workers started by mpirun's
 contract, the master port, an unreachable master (A1), and bad input that must end in
-one clear line, a non-zero exit and no traceback. Workers started by a real mpirun, srun or pdsh:
-test_cluster_launchers.py."""
+one clear line, a non-zero exit and no traceback; the suite's in-process launch against
+deepy.py's. Workers started by a real mpirun, srun or pdsh: test_cluster_launchers.py."""
 
 import io
 import os
@@ -168,3 +168,32 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path):
     assert proc.returncode != 0
     assert str(bad) in proc.stderr and "line" in proc.stderr, explain(proc)
     assert "Traceback" not in proc.stderr
+
+
+def test_the_suites_in_process_launch_trains_and_refuses_as_deepy_does(small_data, tmp_path):
+    """tests/runs.py's launch_in_process (workers forked from the test session's fork server),
+    which the tests of what workers compute use in place of deepy.py: the same losses and the
+    same checkpoint bit for bit, and the same error line for a launch deepy.py refuses."""
+    from tests.checkpointing.test_resume_e2e import assert_same_state
+    from tests.runs import launch_in_process
+
+    prefix, tok = small_data
+    runs = {}
+    for name, start in (("deepy", deepy), ("in-process", launch_in_process)):
+        run = tmp_path / name
+        proc = start("train.py", "configs/tiny.yml", *tiny_overrides(
+            prefix, tok, run, num_gpus=2, hidden_dropout=0.1, **SHORT_RUN))
+        assert proc.returncode == 0, explain(proc)
+        assert "dp=2" in proc.stdout, explain(proc)
+        runs[name] = run
+    want, got = (read_metrics(runs[name] / "logs")[0] for name in ("deepy", "in-process"))
+    assert [r["lm_loss"] for r in got] == [r["lm_loss"] for r in want] and len(want) == 2
+    assert_same_state(runs["in-process"] / "ckpt" / "global_step4",
+                      runs["deepy"] / "ckpt" / "global_step4")
+    refused = [start("train.py", "configs/tiny.yml", *tiny_overrides(
+        prefix, tok, tmp_path / "refused", num_gpus=3, model_parallel_size=2))
+        for start in (deepy, launch_in_process)]
+    errors = [[line for line in proc.stderr.splitlines() if line.startswith("error")]
+              for proc in refused]
+    assert [proc.returncode for proc in refused] == [1, 1]
+    assert errors[0] == errors[1] and len(errors[0]) == 1, errors
