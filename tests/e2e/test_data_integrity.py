@@ -1,8 +1,9 @@
 """Token files changed around a real training run (A16, A17): `touch` is harmless, a same-size
 edit is caught at the next save or resume, a `.bin` truncated under the run is named.
 
-Every run is one real worker started by deepy.py with loader worker processes; the files are
-real and are changed from this process while the run reads them.
+Every run is one real worker with loader worker processes, started by deepy.py (the runs
+changed under them) or forked in-process as deepy.py would start it (tests/runs.py); the files
+are real and are changed from this process while the run reads them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from megatron.checkpointing.layout import read_latest
 from megatron.checkpointing.manifest import check_files, read_manifest
 from megatron.data.content_hash import sample_ranges
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
-from tests.runs import ROOT, clean_env, deepy, explain, tiny_overrides
+from tests.runs import ROOT, clean_env, deepy, explain, launch_in_process, tiny_overrides
 
 # one process, a one-layer model: iterations take milliseconds, start-up dominates
 FAST = dict(num_gpus=1, num_layers=1, hidden_size=32, seq_length=32, train_batch_size=4,
@@ -133,10 +134,9 @@ def test_touching_the_data_mid_run_and_between_runs_changes_nothing(past_first_s
     assert proc.returncode == 0, explain(proc)
     assert training.checkpoints() - saved_before_touch  # saves after the touch went through
     os.utime(prefix + ".bin", (1, 1))
-    resumed = deepy("train.py", "configs/tiny.yml",
-                    *overrides(prefix, tok, tmp_path / "run", train_iters=17,
-                               override_lr_scheduler="true"),
-                    env=clean_env())
+    resumed = launch_in_process("train.py", "configs/tiny.yml",
+                                *overrides(prefix, tok, tmp_path / "run", train_iters=17,
+                                           override_lr_scheduler="true"))
     assert resumed.returncode == 0, explain(resumed)
     assert "from iteration 15 to 17" in resumed.stdout
 
@@ -178,9 +178,9 @@ def trained_in_full_mode(small_data, tmp_path_factory):
     builder.add_documents(tokens, [1000] * 2600)
     builder.finalize(prefix + ".idx")
     tok = small_data[1]
-    proc = deepy("train.py", "configs/tiny.yml",
-                 *overrides(prefix, tok, root / "run", train_iters=5, data_fingerprint="full"),
-                 env=clean_env())
+    proc = launch_in_process("train.py", "configs/tiny.yml",
+                             *overrides(prefix, tok, root / "run", train_iters=5,
+                                        data_fingerprint="full"))
     assert proc.returncode == 0, explain(proc)
     return prefix, tok, root / "run" / "ckpt"
 

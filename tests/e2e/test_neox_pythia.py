@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runs import deepy, explain, read_metrics, tiny_overrides
+from tests.runs import explain, launch_in_process, read_metrics, tiny_overrides
 
 PYTHIA = Path(__file__).resolve().parents[1] / "neox_arguments" / "data" / \
     "neox_pythia_160M_flash.yml"
@@ -23,7 +23,7 @@ def test_gpt_neox_pythia_160m_config_trains_on_cpu(small_data, tmp_path):
                           train_micro_batch_size_per_gpu=1, tokenizer_type="HFTokenizer",
                           fp16="{enabled: false}", extra_save_iters="null",
                           lr_decay_iters="null")
-    proc = deepy("train.py", str(PYTHIA), *over, timeout=600)
+    proc = launch_in_process("train.py", str(PYTHIA), *over)
     assert proc.returncode == 0, explain(proc)
     assert "attention 'flash': flash-attn is not installed; torch SDPA computes the same " \
            "attention" in proc.stdout + proc.stderr

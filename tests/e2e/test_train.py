@@ -1,5 +1,6 @@
 """Real training runs through `python deepy.py train.py configs/tiny.yml`: DeepSpeed launcher,
-gloo processes, the built-in corpus. Each asserts what a user reads afterwards: the loss trace,
+gloo processes, the built-in corpus (the layout, precision and Llama runs with their workers
+forked in-process, tests/runs.py). Each asserts what a user reads afterwards: the loss trace,
 validation lines, checkpoint files, and the iteration a resumed run starts from."""
 
 import json
@@ -11,7 +12,7 @@ import pytest
 from megatron.data.loaders import available_cpus
 from megatron.launching.merge import split_line
 from megatron.neox_arguments import NeoXArgs
-from tests.runs import deepy, explain, read_metrics, tiny_overrides
+from tests.runs import deepy, explain, launch_in_process, read_metrics, tiny_overrides
 
 
 def records(run):
@@ -166,8 +167,8 @@ def test_mfu_and_per_parameter_gradient_norms_when_asked_for(small_data, tmp_pat
 def test_parallel_layouts_train_and_save(small_data, tmp_path, layout):
     prefix, tok = small_data
     run = tmp_path / "run"
-    proc = deepy("train.py", "configs/tiny.yml",
-                 *tiny_overrides(prefix, tok, run, **layout, checkpoint_factor=20))
+    proc = launch_in_process("train.py", "configs/tiny.yml",
+                             *tiny_overrides(prefix, tok, run, **layout, checkpoint_factor=20))
     assert proc.returncode == 0, explain(proc)
     train, val = read_metrics(run / "logs")
     assert [r["iteration"] for r in train] == [5, 10, 15, 20] and len(val) == 2
@@ -186,9 +187,9 @@ def test_bf16_single_process_saving_on_the_log_scale(small_data, tmp_path):
     1, 2, 3, 5, 7, 11, 17) and at the last iteration."""
     prefix, tok = small_data
     run = tmp_path / "run"
-    proc = deepy("train.py", "configs/tiny.yml",
-                 *tiny_overrides(prefix, tok, run, num_gpus=1, bf16="{enabled: true}",
-                                 checkpoint_factor=1.5, checkpoint_scale="log"))
+    proc = launch_in_process("train.py", "configs/tiny.yml",
+                             *tiny_overrides(prefix, tok, run, num_gpus=1, bf16="{enabled: true}",
+                                             checkpoint_factor=1.5, checkpoint_scale="log"))
     assert proc.returncode == 0, explain(proc)
     train, _ = read_metrics(run / "logs")
     assert_learned(train, min_drop=0.3)
@@ -203,11 +204,13 @@ def test_bf16_with_fp32_gradient_accumulation_trains(small_data, tmp_path):
     micro-batches each."""
     prefix, tok = small_data
     run = tmp_path / "run"
-    proc = deepy("train.py", "configs/tiny.yml",
-                 *tiny_overrides(prefix, tok, run, bf16="{enabled: true}",
-                                 zero_optimization="{stage: 1}", train_micro_batch_size_per_gpu=4,
-                                 data_types="{grad_accum_dtype: fp32}", fp32_allreduce=True,
-                                 train_iters=10, eval_interval=5))
+    proc = launch_in_process("train.py", "configs/tiny.yml",
+                             *tiny_overrides(prefix, tok, run, bf16="{enabled: true}",
+                                             zero_optimization="{stage: 1}",
+                                             train_micro_batch_size_per_gpu=4,
+                                             data_types="{grad_accum_dtype: fp32}",
+                                             fp32_allreduce=True, train_iters=10,
+                                             eval_interval=5))
     assert proc.returncode == 0, explain(proc)
     saved = NeoXArgs.from_yml_saved(run / "ckpt" / "global_step10" / "config.yml")
     assert saved.derived.gradient_accumulation_steps == 2
@@ -233,8 +236,9 @@ def test_llama_style_config_trains_with_tensor_parallel_gqa(small_data, tmp_path
     split over 2 tensor-parallel ranks (one KV head each)."""
     prefix, tok = small_data
     run = tmp_path / "run"
-    proc = deepy("train.py", "configs/tiny_llama.yml",
-                 *tiny_overrides(prefix, tok, run, model_parallel_size=2, checkpoint_factor=20))
+    proc = launch_in_process("train.py", "configs/tiny_llama.yml",
+                             *tiny_overrides(prefix, tok, run, model_parallel_size=2,
+                                             checkpoint_factor=20))
     assert proc.returncode == 0, explain(proc)
     assert "tp=2 pp=1 dp=1" in proc.stdout
     train, val = read_metrics(run / "logs")
@@ -250,9 +254,9 @@ def test_resume_on_changed_data_is_refused_unless_allowed(tmp_path):
 
     first = prepare_builtin(str(tmp_path / "a"), vocab_size=1024, max_documents=800)
     run = tmp_path / "run"
-    proc = deepy("train.py", "configs/tiny.yml",
-                 *tiny_overrides(first.data_prefix, first.vocab_file, run, train_iters=10,
-                                 split="80,10,10"))
+    proc = launch_in_process("train.py", "configs/tiny.yml",
+                             *tiny_overrides(first.data_prefix, first.vocab_file, run,
+                                             train_iters=10, split="80,10,10"))
     assert proc.returncode == 0, explain(proc)
     # the same prefix, rebuilt from fewer documents: other content under the same name
     prepare_builtin(str(tmp_path / "a"), vocab_size=1024, max_documents=700)
@@ -263,6 +267,6 @@ def test_resume_on_changed_data_is_refused_unless_allowed(tmp_path):
     assert "the training data differs from the data checkpoint" in refused.stderr, explain(refused)
     assert f"{first.data_prefix}: num_tokens was" in refused.stderr
     assert "Traceback" not in refused.stderr
-    allowed = deepy("train.py", "configs/tiny.yml", *again, "allow_data_change=true")
+    allowed = launch_in_process("train.py", "configs/tiny.yml", *again, "allow_data_change=true")
     assert allowed.returncode == 0, explain(allowed)
     assert "from iteration 10 to 20" in allowed.stdout

@@ -30,7 +30,7 @@ from megatron.neox_arguments import NeoXArgs, padded_vocab_size
 from megatron.text_generation.inference_model import InferenceModel
 from megatron.checkpointing.reader import read_checkpoint
 from megatron.tokenizer import build_tokenizer
-from tests.runs import ROOT, build_small_dataset, deepy, explain, tiny_overrides
+from tests.runs import ROOT, build_small_dataset, explain, launch_in_process, tiny_overrides
 from tests.text_generation.models import random_weights
 
 ATOL = 2e-5
@@ -82,7 +82,7 @@ def pythia_tp2_pp2(data, tmp_path_factory):
     overrides = tiny_overrides(prefix, tokenizer, run, train_iters=2, checkpoint_factor=2,
                                num_gpus=4, model_parallel_size=2, pipe_parallel_size=2,
                                eval_interval=1000, eval_iters=1, log_interval=1, seq_length=SEQ)
-    proc = deepy("train.py", "configs/tiny.yml", *overrides)
+    proc = launch_in_process("train.py", "configs/tiny.yml", *overrides)
     assert proc.returncode == 0, explain(proc)
     return run / "ckpt" / "global_step2"
 
@@ -277,7 +277,7 @@ def test_imported_hf_model_loads_into_training_with_every_weight_in_place(data, 
                                checkpoint_factor=4, load=tmp_path / "imported", seq_length=SEQ,
                                eval_interval=1000, log_interval=1, min_lr=0,
                                **{"optimizer.params.lr": 1e-30})
-    proc = deepy("train.py", "configs/tiny_llama.yml", *overrides)
+    proc = launch_in_process("train.py", "configs/tiny_llama.yml", *overrides)
     assert proc.returncode == 0, explain(proc)
     imported = full_weights(tmp_path / "imported" / "global_step3")
     trained = full_weights(tmp_path / "run" / "ckpt" / "global_step4")
