@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
@@ -55,24 +56,32 @@ def run_plan(args, plan):  # where the workers would start
     return 0
 
 launcher.run_plan = run_plan
-sys.exit(run_entry(lambda: launcher.launch("train.py", sys.argv[1:])))
+sys.exit(run_entry(lambda: launcher.launch(sys.argv[1], sys.argv[2:])))
 """
 
 
-def test_deepy_checks_the_config_and_reaches_the_workers_without_importing_torch(tmp_path):
-    """Config, preflight (data files, memory estimate, checkpoint directory), plan and worker
-    environment of a two-process run of the tiny config, as `python deepy.py train.py` makes
-    them (the built-in data as `make data` writes it)."""
+SCRIPTS = {"train.py": [],
+           "generate.py": ["configs/text_generation.yml", "sample_output_file={tmp}/samples.jsonl"],
+           "eval.py": ["eval_tasks=[tests/evaluation/tasks/tiny_mc.yaml]"]}
+
+
+@pytest.mark.parametrize("script", list(SCRIPTS))
+def test_deepy_checks_the_config_and_reaches_the_workers_without_importing_torch(tmp_path,
+                                                                                script):
+    """Config, preflight (data files, memory estimate with generation's KV cache, checkpoint
+    directory), plan and worker environment of a two-process run of the tiny config, as
+    `python deepy.py <script>` makes them (the built-in data as `make data` writes it)."""
     subprocess.run([sys.executable, "tools/datasets/prepare_data.py", "builtin", "-d", "data"],
                    cwd=ROOT, check=True, capture_output=True, env=clean_env())
     env = clean_env()
     env.pop("DS_ACCELERATOR", None)  # deepy.py decides it, as for a user
     proc = subprocess.run(
-        [sys.executable, "-c", LAUNCH_UP_TO_THE_WORKERS, "configs/tiny.yml", "num_gpus=2",
-         f"save={tmp_path / 'ck'}", f"load={tmp_path / 'ck'}", f"log_dir={tmp_path / 'logs'}"],
+        [sys.executable, "-c", LAUNCH_UP_TO_THE_WORKERS, script, "configs/tiny.yml",
+         *(a.format(tmp=tmp_path) for a in SCRIPTS[script]), "num_gpus=2", f"save={tmp_path / 'ck'}", f"load={tmp_path / 'ck'}",
+         f"log_dir={tmp_path / 'logs'}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "memory estimate for train.py" in proc.stderr  # the preflight ran
+    assert f"memory estimate for {script}" in proc.stderr  # the preflight ran
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["world"] == 2
     if cpu_only_build():

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import torch
 
+from megatron.model.param_count import kv_cache_elements
+
 
 def kv_cache_bytes(num_layers: int, batch: int, max_len: int, kv_heads: int, head_dim: int,
                    dtype: torch.dtype) -> int:
     """Memory the cache will take: keys and values of every layer (A29)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * num_layers * batch * max_len * kv_heads * head_dim * itemsize
+    return kv_cache_elements(num_layers, batch, max_len, kv_heads, head_dim) * itemsize
 
 
 class LayerCache:

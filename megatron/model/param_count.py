@@ -1,4 +1,5 @@
-"""How many parameters each layer of the model holds on one rank, computed from the config alone.
+"""How many parameters each layer of the model holds on one rank, computed from the config alone
+(and how many elements generation's KV cache holds).
 
     layer_params(config, tp=2)                  # [embedding, block 0 .. block L-1, final norm, head]
     stage_layers(config, pp=4, method="type:transformer|mlp")   # DeepSpeed's partition
@@ -155,3 +156,10 @@ def expert_params_per_rank(config, layers, tp: int = 1, ep: int = 1) -> int:
 def count_parameters(config) -> int:
     """Every parameter of the full (unsharded) model, tied weights counted once."""
     return params_per_rank(config)[0]
+
+
+def kv_cache_elements(num_layers: int, batch: int, max_len: int, kv_heads: int,
+                      head_dim: int) -> int:
+    """Elements of the KV cache (A29): keys and values of every layer for `batch` sequences of
+    `max_len` positions, this rank's `kv_heads`."""
+    return 2 * num_layers * batch * max_len * kv_heads * head_dim

@@ -50,7 +50,7 @@ the data-parallel degree and b the bytes of the run's dtype (fp32 4, bf16/fp16 2
                      worker process on CPU.
 
 Generation and eval (generate.py, eval.py) need the weights and, for generation with the cache,
-the KV cache that check A29 computes (megatron/model/kv_cache.py kv_cache_bytes) for
+the KV cache that check A29 computes (megatron/model/param_count.py kv_cache_elements) for
 generation_batch_size sequences of max_position_embeddings positions, the most A29 lets a batch
 reach; plus the logits of one batch and the framework constant.
 """
@@ -61,7 +61,8 @@ from dataclasses import dataclass
 
 from megatron.host import available_cpus
 from megatron.model.config import GATED
-from megatron.model.param_count import expert_params_per_rank, params_per_rank, stage_layers
+from megatron.model.param_count import (expert_params_per_rank, kv_cache_elements,
+                                        params_per_rank, stage_layers)
 from megatron.mpu.blocks import BLOCK_ELEMENTS
 
 GIB = 1024**3
@@ -320,10 +321,7 @@ def inference_estimate(args, padded_vocab: int, tp: int, device: str, dtype_byte
     """Per-worker memory of generate.py / eval.py: the weights, the checkpoint being read (its
     full, unsharded weights, read on every rank before this rank keeps its shard), for
     generate.py without `recompute` the KV cache of A29, and one batch's logits."""
-    import torch
-
     from megatron.model.config import model_config_from_args
-    from megatron.model.kv_cache import kv_cache_bytes
 
     config = model_config_from_args(args, padded_vocab)
     params = params_per_rank(config, tp)[0]
@@ -332,9 +330,8 @@ def inference_estimate(args, padded_vocab: int, tp: int, device: str, dtype_byte
     positions = config.max_position_embeddings if generating else config.seq_length
     kv = 0
     if generating and not args.text_generation.recompute:
-        dtype = {4: torch.float32, 2: torch.bfloat16}[dtype_bytes]
-        kv = kv_cache_bytes(config.num_layers, batch, positions, config.num_kv_heads // tp,
-                            config.head_dim, dtype)
+        kv = kv_cache_elements(config.num_layers, batch, positions, config.num_kv_heads // tp,
+                               config.head_dim) * dtype_bytes
     terms = (("weights", params * dtype_bytes),
              ("checkpoint being read", params_per_rank(config)[0] * dtype_bytes),
              ("KV cache", kv),
