@@ -19,7 +19,9 @@ only as a fine-tune, and fp16 is asked for only where a local launch has CUDA
 For a run that loads a checkpoint:
 - the model shape the manifest records (layers, widths, heads, experts) is this config's
   (checkpointing.model_shape.shape_mismatches, A23; the workers check it again), for
-  generate.py and eval.py too, which also refuse a reward model's checkpoint;
+  generate.py and eval.py too, which also refuse a reward model's checkpoint and a `load` that
+  is unset or names no checkpoint (checkpointing.locate.checkpoint_dir), before the memory
+  estimate is logged;
 - the padded vocabulary: the checkpoint's own size must split over this run's
   model_parallel_size and hold the tokenizer's ids (checkpointing.model_shape.resumed_vocab;
   the workers build the model with that size);
@@ -53,12 +55,13 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
     if name == "train.py":
         _check_training_inputs(args)
         _check_tasks_in_training(args)
-    tokenizer = _tokenizer(args) if name in LOADING_SCRIPTS else None
+    if name not in LOADING_SCRIPTS:  # generate.py, eval.py
+        _check_inference_checkpoint(args, name)
+        _check_memory(args, name, None, workers_here)
+        return
+    tokenizer = _tokenizer(args)
     if name in MEMORY_SCRIPTS:
         _check_memory(args, name, tokenizer, workers_here)
-    if name not in LOADING_SCRIPTS:
-        _check_inference_shape(args, name)
-        return
     from megatron.safety.lock import check_free
 
     check_free(args.checkpoint.save)  # another live run writes there
@@ -90,18 +93,20 @@ def _check_shape(args, saved: dict, step_dir: Path) -> None:
                          "with")
 
 
-def _check_inference_shape(args, script: str) -> None:
-    """generate.py and eval.py: the checkpoint they would read is a language model (not a
-    reward model's value head) of this config's shape (the workers compare every architecture
-    key again when they load it)."""
-    from megatron.checkpointing.locate import planned_manifest
+def _check_inference_checkpoint(args, script: str) -> None:
+    """generate.py and eval.py: `load` (and `iteration`) name a checkpoint that exists, and it is
+    a language model (not a reward model's value head) of this config's shape. The workers
+    verify every file and compare every architecture key again when they load it."""
+    from megatron.checkpointing.errors import CorruptFileError
+    from megatron.checkpointing.locate import checkpoint_dir, read_any_manifest
     from megatron.checkpointing.model_shape import reward_model_refusal
 
     ck = args.checkpoint
-    manifest = planned_manifest(Path(ck.load), ck.iteration) if ck.load else None
-    if manifest is None:
-        return
-    step_dir = Path(ck.load) / manifest.tag
+    step_dir = checkpoint_dir(ck.load, ck.iteration)
+    try:
+        manifest = read_any_manifest(step_dir)
+    except CorruptFileError:
+        return  # the workers' verification names every damaged file
     if manifest.run.get("value_head"):
         raise ValueError(reward_model_refusal(
             step_dir, "generation" if script == "generate.py" else "evaluation"))

@@ -51,6 +51,15 @@ def small_data(tmp_path_factory):
     return build_small_dataset(tmp_path_factory.mktemp("data"))
 
 
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """configs/tiny.yml trained briefly, once per session: {"data", "tokenizer", "ckpt",
+    "overrides"} (tests/text_generation/models.trained_checkpoint)."""
+    from tests.text_generation.models import trained_checkpoint
+
+    return trained_checkpoint(tmp_path_factory.getbasetemp() / "trained_tiny")
+
+
 # Every process this test session starts inherits this tag, so that the cleanup below finds the
 # session's own leftovers and never another session's runs.
 SESSION_TAG = "NEOX_TEST_SESSION"

@@ -111,7 +111,6 @@ def wait_for_text(path: Path, text: str, proc: subprocess.Popen, limit: float = 
         time.sleep(0.2)
 
 
-
 def _launched_worker(rank: int, world: int, script: str, worker_argv: list[str],
                      output: str) -> int:
     """One worker of `launch_in_process`: the script's main() with the launcher's argv, its
@@ -136,8 +135,7 @@ def _launched_worker(rank: int, world: int, script: str, worker_argv: list[str],
         sys.stderr.flush()
 
 
-def launch_in_process(script: str, *argv: str, env: dict | None = None
-                      ) -> subprocess.CompletedProcess:
+def launch_in_process(script: str, *argv: str) -> subprocess.CompletedProcess:
     """What `python deepy.py <script> *argv` does on this machine (config resolved, launch
     planned, preflight, each worker's environment), with the workers forked from the test
     session's fork server (tests/distributed.py), which has torch and DeepSpeed imported,
@@ -146,7 +144,7 @@ def launch_in_process(script: str, *argv: str, env: dict | None = None
     print, not the launch: the result has the workers' exit status as deepy.py would give it
     (the first that is not 0) and their stdout and stderr, rank after rank, without deepy.py's
     own lines or its merging of warnings; a launch deepy.py refuses has its status (1) and
-    error line. `env` adds variables to the workers'. Nothing watches the workers: a test
+    error line. Nothing watches the workers: a test
     that kills one or expects one to fail alone runs deepy.py."""
     import contextlib
     import io
@@ -183,7 +181,7 @@ def launch_in_process(script: str, *argv: str, env: dict | None = None
     finally:
         handler.setStream(stream)
     launch_id = new_launch_id()
-    env = {**clean_env(), **plan.env, **(env or {}), LAUNCH_ID_VAR: launch_id}
+    env = {**clean_env(), **plan.env, LAUNCH_ID_VAR: launch_id}
     name_cpu_accelerator(env)
     environs = [worker_env(env, plan.local, r, launch_id) for r in range(len(plan.local.ranks))]
     worker_argv = plan.argv[plan.argv.index(script) + 1:]

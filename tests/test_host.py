@@ -67,18 +67,20 @@ SCRIPTS = {"train.py": [],
 
 @pytest.mark.parametrize("script", list(SCRIPTS))
 def test_deepy_checks_the_config_and_reaches_the_workers_without_importing_torch(tmp_path,
-                                                                                script):
-    """Config, preflight (data files, memory estimate with generation's KV cache, checkpoint
-    directory), plan and worker environment of a two-process run of the tiny config, as
-    `python deepy.py <script>` makes them (the built-in data as `make data` writes it)."""
+                                                                                script, trained):
+    """Config, preflight (data files, memory estimate with generation's KV cache, the
+    checkpoint's manifest), plan and worker environment of a two-process run of the tiny
+    config, as `python deepy.py <script>` makes them (the built-in data as `make data` writes
+    it; generation and evaluation read a trained checkpoint)."""
     subprocess.run([sys.executable, "tools/datasets/prepare_data.py", "builtin", "-d", "data"],
                    cwd=ROOT, check=True, capture_output=True, env=clean_env())
     env = clean_env()
     env.pop("DS_ACCELERATOR", None)  # deepy.py decides it, as for a user
     proc = subprocess.run(
         [sys.executable, "-c", LAUNCH_UP_TO_THE_WORKERS, script, "configs/tiny.yml",
-         *(a.format(tmp=tmp_path) for a in SCRIPTS[script]), "num_gpus=2", f"save={tmp_path / 'ck'}", f"load={tmp_path / 'ck'}",
-         f"log_dir={tmp_path / 'logs'}"],
+         *(a.format(tmp=tmp_path) for a in SCRIPTS[script]), "num_gpus=2",
+         f"save={tmp_path / 'ck'}", f"log_dir={tmp_path / 'logs'}",
+         *([f"load={tmp_path / 'ck'}"] if script == "train.py" else trained["overrides"])],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert f"memory estimate for {script}" in proc.stderr  # the preflight ran

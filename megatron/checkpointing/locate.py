@@ -66,6 +66,15 @@ def find_candidates(root: Path, iteration: int | None, fallback: bool = True
     return [latest] + ([t for t in saved if t != latest] if fallback else []), []
 
 
+def checkpoint_dir(load: str | None, iteration: int | None) -> Path:
+    """The step directory a reader configured with `load` / `iteration` reads (generate.py and
+    eval.py; deepy.py asks the same before their workers start)."""
+    if not load:
+        raise ValueError("generation and evaluation read a trained checkpoint, but 'load' is not "
+                         "set; set load to the directory the training run saved to")
+    return step_directory(Path(load), iteration, key="load")
+
+
 def step_directory(path: Path, iteration: int | None = None, key: str | None = None) -> Path:
     """A reader's checkpoint: `path` itself when it is one (a global_step<N> directory), else
     the save directory's `iteration`, else the one its `latest` names (find_candidates without

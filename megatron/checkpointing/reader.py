@@ -24,7 +24,7 @@ import torch
 
 from megatron.checkpointing.layout import CONFIG_NAME, iteration_of
 from megatron.checkpointing import neox_format
-from megatron.checkpointing.locate import open_verified, step_directory
+from megatron.checkpointing.locate import checkpoint_dir, open_verified
 from megatron.checkpointing.model_shape import describe_shape, reward_model_refusal
 from megatron.checkpointing.weights import full_weights
 
@@ -60,14 +60,6 @@ class CheckpointWeights:
         if saved is None:
             saved = neox_format.architecture_args(run_args, self.neox_config or {}, self.step_dir)
         return model_config_from_args(saved, padded_vocab_size)
-
-
-def checkpoint_dir(load: str | None, iteration: int | None) -> Path:
-    """The step directory a reader configured with `load` / `iteration` reads."""
-    if not load:
-        raise ValueError("generation and evaluation read a trained checkpoint, but 'load' is not "
-                         "set; set load to the directory the training run saved to")
-    return step_directory(Path(load), iteration, key="load")
 
 
 def read_checkpoint(load: str | Path | None, iteration: int | None = None,

@@ -150,8 +150,15 @@ def test_workers_started_with_only_mpirun_variables_join(small_data, tmp_path):
      "/nonexistent/corpus.bin"),
     (["train.py", "configs/tiny.yml", "num_gpus=1", "data_path={data}",
       "vocab_file=/nonexistent/tokenizer.json"], "/nonexistent/tokenizer.json"),
+    (["generate.py", "configs/tiny.yml", "configs/text_generation.yml", "load=null"],
+     "generation and evaluation read a trained checkpoint, but 'load' is not set; set load to "
+     "the directory the training run saved to"),
+    (["eval.py", "configs/tiny.yml", "eval_tasks=[tests/evaluation/tasks/tiny_mc.yaml]",
+      "load=/nonexistent/ckpt"], "checkpoint directory /nonexistent/ckpt (config key 'load') "
+                                 "does not exist"),
 ], ids=["missing-config", "unknown-key", "wrong-type", "impossible-degrees", "missing-hostfile",
-        "missing-script", "no-ssh-without-hostfile", "missing-data", "missing-vocab-file"])
+        "missing-script", "no-ssh-without-hostfile", "missing-data", "missing-vocab-file",
+        "generate-without-load", "eval-of-a-missing-checkpoint"])
 def test_bad_input_is_one_clear_error(argv, message, small_data):
     argv = [a.replace("{data}", small_data[0]) for a in argv]
     proc = deepy(*argv, timeout=60)
@@ -159,6 +166,8 @@ def test_bad_input_is_one_clear_error(argv, message, small_data):
     assert message in proc.stderr, explain(proc)
     assert "Traceback" not in proc.stderr + proc.stdout
     assert "worker(s):" not in proc.stderr  # decided in deepy.py: no "launching N worker(s)"
+    assert [line.split(":")[0] for line in proc.stderr.splitlines()
+            if line.startswith("error")] == ["error"], explain(proc)  # one line, not per rank
 
 
 def test_yaml_syntax_error_names_file_and_line(tmp_path):

@@ -158,7 +158,8 @@ def test_a_missing_tracker_package_is_refused_before_workers_start(monkeypatch):
         MetricsTracker.from_args(args, enabled=True)
     assert str(err.value) == message
     off = NeoXArgs.from_ymls([ROOT / "configs" / "tiny.yml"], {"use_comet": False})
-    preflight(off, "eval.py")
+    with pytest.raises(FileNotFoundError, match="checkpoint directory checkpoints/tiny"):
+        preflight(off, "eval.py")  # past the trackers, to the checkpoint eval.py would read
     assert MetricsTracker.from_args(off, enabled=True)._comet is None
 
 

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from megatron.checkpointing.model_shape import check_architecture
-from megatron.checkpointing.reader import checkpoint_dir
+from megatron.checkpointing.locate import checkpoint_dir
 from tests.text_generation.models import small_config
 
 
