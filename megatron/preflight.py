@@ -8,8 +8,11 @@ and a run that cannot fit in what this machine has is refused (training.memory_c
 For train.py and eval.py, the package of every tracker the config asks for (TensorBoard, wandb,
 Comet) is installed (monitoring.trackers.check_trackers_installed).
 
-For train.py and tools/ckpts/reshard.py, the tokenizer's files load and no live run holds the
-save directory (megatron.safety.lock). For train.py, every data
+For train.py, generate.py, eval.py and tools/ckpts/reshard.py, the tokenizer's files load. For
+train.py and reshard.py, no live run holds the save directory (megatron.safety.lock). For
+generate.py in input-file mode, the input file holds prompts; for eval.py, its settings are
+valid, lm-eval is installed (A28) and the task files and directories in eval_tasks exist and
+define tasks (registry names are looked up by the workers). For train.py, every data
 prefix has its `.bin`/`.idx` pair with a readable header (named with its config key), label,
 reward and rejected-response files belong with their token files (megatron.data.aligned), DPO
 and KTO have a model to start from and compare with, a reward model starts from a language model
@@ -56,8 +59,10 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
         _check_training_inputs(args)
         _check_tasks_in_training(args)
     if name not in LOADING_SCRIPTS:  # generate.py, eval.py
+        _check_inference_inputs(args, name)
+        tokenizer = _tokenizer(args)
         _check_inference_checkpoint(args, name)
-        _check_memory(args, name, None, workers_here)
+        _check_memory(args, name, tokenizer, workers_here)
         return
     tokenizer = _tokenizer(args)
     if name in MEMORY_SCRIPTS:
@@ -93,6 +98,25 @@ def _check_shape(args, saved: dict, step_dir: Path) -> None:
                          "with")
 
 
+def _check_inference_inputs(args, script: str) -> None:
+    """generate.py: the input file holds prompts (input-file mode). eval.py: its settings, an
+    installed lm-eval (A28) and the task files and directories eval_tasks names (registry names
+    are looked up by the workers, whose lm-eval scans its registry)."""
+    if script == "generate.py":
+        if args.derived.text_gen_type == "input-file":
+            from megatron.text_generation.prompts import read_prompts
+
+            tg = args.text_generation
+            read_prompts(tg.sample_input_file, tg.prompt_end, warn=False)
+        return
+    from megatron.evaluation.lm_eval_version import require_lm_eval
+    from megatron.evaluation.tasks import check_eval_settings, resolve_task_entries
+
+    check_eval_settings(args.eval)
+    require_lm_eval()
+    resolve_task_entries(args.eval.eval_tasks, args.eval.eval_include_path)
+
+
 def _check_inference_checkpoint(args, script: str) -> None:
     """generate.py and eval.py: `load` (and `iteration`) name a checkpoint that exists, and it is
     a language model (not a reward model's value head) of this config's shape. The workers
@@ -121,16 +145,7 @@ def _tokenizer(args):
 
 
 def _check_memory(args, script: str, tokenizer, workers_here: int) -> None:
-    """A30: the estimate at the config's layout, against what a worker has here. generate.py
-    and eval.py workers report an unusable tokenizer themselves; without one, no estimate."""
-    if tokenizer is None:
-        try:
-            tokenizer = _tokenizer(args)
-        except (FileNotFoundError, ValueError) as err:
-            from megatron.monitoring.logger import get_logger
-
-            get_logger(__name__).info("no memory estimate: the tokenizer does not load (%s)", err)
-            return
+    """A30: the estimate at the config's layout, against what a worker has here."""
     from megatron.training.memory_check import check_memory, padded_vocab
 
     check_memory(args, script, padded_vocab(args, tokenizer.vocab_size), workers_here)

@@ -41,22 +41,14 @@ def flat_metrics(results: dict) -> dict[str, float]:
     return out
 
 
-def _check_settings(ev) -> None:
-    if not ev.eval_tasks:
-        raise ValueError("eval.py needs eval_tasks, e.g. eval_tasks='[lambada_openai, hellaswag]' "
-                         "or a path to a task .yaml file")
-    if ev.eval_batch_size < 1:
-        raise ValueError(f"eval_batch_size({ev.eval_batch_size}) must be at least 1")
-    if ev.eval_limit is not None and ev.eval_limit <= 0:
-        raise ValueError(f"eval_limit({ev.eval_limit}) must be positive (or null for all)")
-
-
 def run_evaluation(args) -> dict | None:
     """Run eval_tasks on the checkpoint in `load`; returns lm-eval's results (None off rank 0)."""
     ev = args.eval
-    _check_settings(ev)
+    from megatron.evaluation.tasks import (check_eval_settings, resolve_task_entries,
+                                           task_manager_for)
+
+    check_eval_settings(ev)
     from megatron.evaluation.adapter import NeoXLM  # A28: checks the lm-eval version
-    from megatron.evaluation.tasks import resolve_task_entries, task_manager_for
 
     names, include = resolve_task_entries(ev.eval_tasks, ev.eval_include_path)
     manager = task_manager_for(names, include)  # unknown tasks fail before the weights load

@@ -41,6 +41,17 @@ def task_name_of(path: Path) -> str | None:
     return doc["task"] if isinstance(doc.get("task"), str) else None
 
 
+def check_eval_settings(ev) -> None:
+    """eval.py's keys (`args.eval`) that need no lm-eval to judge (deepy.py and every worker)."""
+    if not ev.eval_tasks:
+        raise ValueError("eval.py needs eval_tasks, e.g. eval_tasks='[lambada_openai, hellaswag]' "
+                         "or a path to a task .yaml file")
+    if ev.eval_batch_size < 1:
+        raise ValueError(f"eval_batch_size({ev.eval_batch_size}) must be at least 1")
+    if ev.eval_limit is not None and ev.eval_limit <= 0:
+        raise ValueError(f"eval_limit({ev.eval_limit}) must be positive (or null for all)")
+
+
 def resolve_task_entries(entries: list[str], include_paths: list[str] | None
                          ) -> tuple[list[str], list[str]]:
     """(task names to run, directories to add to lm-eval's include path)."""

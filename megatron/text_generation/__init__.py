@@ -7,5 +7,6 @@
 - `runtime`: process groups for inference (tp honoured, pp folded into replicas), replicas.
 - `checks`: stop ids (A13), prompt lengths (A14), KV-cache memory (A29).
 - `generation`: batched, left-padded decoding with a KV cache or recompute.
+- `prompts`: the input file's prompts (read by deepy.py too, before any worker starts).
 - `modes`: generate.py's unconditional / input-file / interactive runs writing JSON lines.
 """

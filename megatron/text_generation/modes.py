@@ -28,27 +28,11 @@ from megatron.monitoring.logger import get_logger, print_rank_0
 from megatron.text_generation.checks import (check_lengths, validate_stop_ids,
                                              validate_stop_strings)
 from megatron.text_generation.generation import cut_at_stop, generate, stop_string_checker
+from megatron.text_generation.prompts import read_prompts
 from megatron.text_generation.runtime import InferenceRuntime, inference_runtime
 from megatron.text_generation.sampling import SamplingParams, seeded_generators
 
 log = get_logger(__name__)
-
-
-def read_prompts(path: str, prompt_end: str) -> list[str]:
-    """Prompts of an input file split on prompt_end, each stripped of surrounding whitespace
-    (a carriage return too), as GPT-NeoX reads them; blank ones are dropped (and counted)."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"sample_input_file {path} does not exist")
-    parts = p.read_text(encoding="utf-8").split(prompt_end)
-    if parts and not parts[-1].strip():  # the file ends with the separator
-        parts.pop()
-    prompts = [x.strip() for x in parts if x.strip()]
-    if len(prompts) < len(parts):
-        log.warning("%s: skipped %d empty prompt(s)", path, len(parts) - len(prompts))
-    if not prompts:
-        raise ValueError(f"sample_input_file {path} holds no prompts (separator {prompt_end!r})")
-    return prompts
 
 
 class _Sampler:

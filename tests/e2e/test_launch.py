@@ -156,9 +156,19 @@ def test_workers_started_with_only_mpirun_variables_join(small_data, tmp_path):
     (["eval.py", "configs/tiny.yml", "eval_tasks=[tests/evaluation/tasks/tiny_mc.yaml]",
       "load=/nonexistent/ckpt"], "checkpoint directory /nonexistent/ckpt (config key 'load') "
                                  "does not exist"),
+    (["generate.py", "configs/tiny.yml", "configs/text_generation.yml",
+      "vocab_file=/nonexistent/tokenizer.json"],
+     "tokenizer JSON file (vocab_file) /nonexistent/tokenizer.json does not exist"),
+    (["generate.py", "configs/tiny.yml", "configs/text_generation.yml",
+      "text_gen_type=input-file", "sample_input_file=/nonexistent/prompts.txt"],
+     "sample_input_file /nonexistent/prompts.txt does not exist"),
+    (["eval.py", "configs/tiny.yml"], "eval.py needs eval_tasks"),
+    (["eval.py", "configs/tiny.yml", "eval_tasks=[/nonexistent/task.yaml]"],
+     "task file /nonexistent/task.yaml (in eval_tasks) does not exist"),
 ], ids=["missing-config", "unknown-key", "wrong-type", "impossible-degrees", "missing-hostfile",
         "missing-script", "no-ssh-without-hostfile", "missing-data", "missing-vocab-file",
-        "generate-without-load", "eval-of-a-missing-checkpoint"])
+        "generate-without-load", "eval-of-a-missing-checkpoint", "generate-missing-vocab-file",
+        "generate-missing-prompt-file", "eval-without-tasks", "eval-missing-task-file"])
 def test_bad_input_is_one_clear_error(argv, message, small_data):
     argv = [a.replace("{data}", small_data[0]) for a in argv]
     proc = deepy(*argv, timeout=60)

@@ -158,8 +158,8 @@ def test_a_missing_tracker_package_is_refused_before_workers_start(monkeypatch):
         MetricsTracker.from_args(args, enabled=True)
     assert str(err.value) == message
     off = NeoXArgs.from_ymls([ROOT / "configs" / "tiny.yml"], {"use_comet": False})
-    with pytest.raises(FileNotFoundError, match="checkpoint directory checkpoints/tiny"):
-        preflight(off, "eval.py")  # past the trackers, to the checkpoint eval.py would read
+    with pytest.raises(ValueError, match="eval.py needs eval_tasks"):
+        preflight(off, "eval.py")  # past the trackers, to eval.py's own settings
     assert MetricsTracker.from_args(off, enabled=True)._comet is None
 
 

@@ -1,4 +1,4 @@
-"""input-file mode's prompts (megatron/text_generation/modes.py::read_prompts), read as
+"""input-file mode's prompts (megatron/text_generation/prompts.py::read_prompts), read as
 GPT-NeoX's generate_samples_input_from_file reads them: split on prompt_end, each stripped."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from megatron.text_generation.modes import read_prompts
+from megatron.text_generation.prompts import read_prompts
 
 
 def test_prompts_split_on_prompt_end_keep_their_inner_newlines(tmp_path):
