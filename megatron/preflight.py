@@ -8,6 +8,11 @@ and a run that cannot fit in what this machine has is refused (training.memory_c
 For train.py and eval.py, the package of every tracker the config asks for (TensorBoard, wandb,
 Comet) is installed (monitoring.trackers.check_trackers_installed).
 
+For each, the directories its workers write into (save, log_dir, tensorboard_dir,
+data_cache_dir, memory_profiling_path, the samples' and the eval results' directories) are
+directories this process can write in, or can be created (the workers would fail on them, at
+the first checkpoint for `save`).
+
 For train.py, generate.py, eval.py and tools/ckpts/reshard.py, the tokenizer's files load. For
 train.py and reshard.py, no live run holds the save directory (megatron.safety.lock). For
 generate.py in input-file mode, the input file holds prompts; for eval.py, its settings are
@@ -36,6 +41,7 @@ Each check reads only the manifest and config.yml of the checkpoint the run woul
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from megatron.host import check_precision_supported
@@ -58,6 +64,8 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
     if name == "train.py":
         _check_training_inputs(args)
         _check_tasks_in_training(args)
+    for key, directory in _output_directories(args, name):
+        _check_writable(key, directory)
     if name not in LOADING_SCRIPTS:  # generate.py, eval.py
         _check_inference_inputs(args, name)
         tokenizer = _tokenizer(args)
@@ -167,6 +175,52 @@ def _check_tasks_in_training(args) -> None:
     if why:
         raise ValueError(why)
     require_lm_eval()
+    from megatron.evaluation.tasks import resolve_task_entries
+
+    resolve_task_entries(args.eval.eval_tasks, args.eval.eval_include_path)
+
+
+def _output_directories(args, script: str) -> list[tuple[str, str]]:
+    """(config key, directory) of what `script`'s workers write."""
+    lg, found = args.logging, []
+    if script in LOADING_SCRIPTS and args.checkpoint.save:
+        found.append(("save", args.checkpoint.save))
+    if script in MEMORY_SCRIPTS:
+        found += [("log_dir", lg.log_dir)] if lg.log_dir else []
+    if script in TRACKING_SCRIPTS:
+        found += [("tensorboard_dir", lg.tensorboard_dir)] if lg.tensorboard_dir else []
+    if script == "train.py":
+        found += [("data_cache_dir", args.data.data_cache_dir)] if args.data.data_cache_dir else []
+        if lg.memory_profiling and lg.memory_profiling_path:
+            found.append(("memory_profiling_path", lg.memory_profiling_path))
+    if script == "generate.py":
+        key = "sample_output_file" if args.text_generation.sample_output_file else "log_dir"
+        found.append((key, str(Path(args.derived.sample_output_path).parent)))
+    if script == "eval.py" and args.eval.eval_results_prefix:
+        found.append(("eval_results_prefix", str(Path(args.eval.eval_results_prefix).parent)))
+    return found
+
+
+def _check_writable(key: str, directory: str) -> None:
+    """`directory` (config key `key`) is a directory this process can write in, or can be
+    created: a directory made and removed at once in its nearest existing ancestor proves it
+    (permission bits do not, for root or on a read-only file system)."""
+    import tempfile
+
+    path = Path(directory)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        where = f"{path} is" if existing == path else f"{path} cannot be made: {existing} is"
+        raise ValueError(f"{key}: {where} a file, not a directory; choose another path")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-check-", dir=existing))
+    except OSError as err:
+        where = (f"cannot write in {path}" if existing == path else
+                 f"cannot create {path}: {existing} is not writable")
+        raise PermissionError(f"{key}: {where} ({err.strerror}); "
+                              "choose a directory this user can write to") from None
 
 
 def _check_training_inputs(args) -> None:

@@ -165,10 +165,22 @@ def test_workers_started_with_only_mpirun_variables_join(small_data, tmp_path):
     (["eval.py", "configs/tiny.yml"], "eval.py needs eval_tasks"),
     (["eval.py", "configs/tiny.yml", "eval_tasks=[/nonexistent/task.yaml]"],
      "task file /nonexistent/task.yaml (in eval_tasks) does not exist"),
+    (["train.py", "configs/tiny.yml", "num_gpus=1", "data_path={data}", "save=/proc/neox-ck"],
+     "save: cannot create /proc/neox-ck: /proc is not writable"),
+    (["train.py", "configs/tiny.yml", "num_gpus=1", "data_path={data}", "log_dir=README.md"],
+     "log_dir: README.md is a file, not a directory; choose another path"),
+    (["train.py", "configs/tiny.yml", "num_gpus=1", "data_path={data}",
+      "eval_tasks=[/nonexistent/task.yaml]"],
+     "task file /nonexistent/task.yaml (in eval_tasks) does not exist"),
+    (["generate.py", "configs/tiny.yml", "configs/text_generation.yml",
+      "sample_output_file=README.md/samples.jsonl"],
+     "sample_output_file: README.md is a file, not a directory"),
 ], ids=["missing-config", "unknown-key", "wrong-type", "impossible-degrees", "missing-hostfile",
         "missing-script", "no-ssh-without-hostfile", "missing-data", "missing-vocab-file",
         "generate-without-load", "eval-of-a-missing-checkpoint", "generate-missing-vocab-file",
-        "generate-missing-prompt-file", "eval-without-tasks", "eval-missing-task-file"])
+        "generate-missing-prompt-file", "eval-without-tasks", "eval-missing-task-file",
+        "unwritable-save", "log-dir-a-file", "missing-task-file-in-training",
+        "sample-output-under-a-file"])
 def test_bad_input_is_one_clear_error(argv, message, small_data):
     argv = [a.replace("{data}", small_data[0]) for a in argv]
     proc = deepy(*argv, timeout=60)
