@@ -34,7 +34,7 @@ import numpy as np
 
 from megatron.data.indexed_dataset import (IGNORE_LABEL, MMapIndexedDatasetBuilder,
                                            best_fitting_dtype, index_file_path)
-from megatron.data.preprocess import _open_text, expand_inputs
+from megatron.data.preprocess import _open_text, expand_inputs, make_output_dir
 from megatron.monitoring.logger import get_logger
 from megatron.monitoring.progress import progress
 
@@ -216,7 +216,7 @@ def preprocess_chat(inputs: str | Sequence[str], output_prefix: str, tokenizer_p
     tokenizer = load_chat_tokenizer(tokenizer_path)
     files = expand_inputs(inputs)
     dtype = best_fitting_dtype(len(tokenizer))
-    os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)
+    make_output_dir(os.path.dirname(os.path.abspath(output_prefix)), "--output-prefix")
     result = ChatResult()
     builders: dict[str, MMapIndexedDatasetBuilder] = {}
     for key in jsonl_keys:

@@ -24,7 +24,7 @@ from typing import Sequence
 from megatron.data.chat_preprocess import ChatResult
 from megatron.data.indexed_dataset import (IGNORE_LABEL, MMapIndexedDatasetBuilder,
                                            best_fitting_dtype, index_file_path)
-from megatron.data.preprocess import _open_text, expand_inputs, iter_documents
+from megatron.data.preprocess import _open_text, expand_inputs, iter_documents, make_output_dir
 from megatron.monitoring.logger import get_logger
 from megatron.monitoring.progress import progress
 
@@ -101,7 +101,7 @@ def preprocess_masked(inputs: str | Sequence[str], output_prefix: str, tokenizer
         raise ValueError("say where the loss starts: --mask-before-token, or --prompt-key and "
                          "--completion-key")
     keys = ["text"] if rule.prompt_key else list(jsonl_keys)
-    os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)
+    make_output_dir(os.path.dirname(os.path.abspath(output_prefix)), "--output-prefix")
     dtype = best_fitting_dtype(max(tokenizer.vocab_size, tokenizer.max_token_id + 1))
     result = ChatResult(prefixes={k: f"{output_prefix}_{k}_document" for k in keys})
     result.prefixes["label"] = f"{output_prefix}_label_document"

@@ -22,7 +22,7 @@ from typing import Callable
 
 from megatron.data import builtin_corpus
 from megatron.data.indexed_dataset import MMapIndexedDataset, data_file_path, index_file_path
-from megatron.data.preprocess import preprocess
+from megatron.data.preprocess import make_output_dir, preprocess
 from megatron.monitoring.logger import get_logger
 
 logger = get_logger(__name__)
@@ -93,7 +93,7 @@ def prepare_builtin(data_dir: str, vocab_size: int = BUILTIN_VOCAB_SIZE, force: 
     from megatron.tokenizer.train_bpe import train_bpe_tokenizer
 
     out = os.path.join(data_dir, "builtin")
-    os.makedirs(out, exist_ok=True)
+    make_output_dir(out, "--data-dir")
     corpus, tok_path = os.path.join(out, "builtin.jsonl"), os.path.join(out, "tokenizer.json")
     prefix = os.path.join(out, "builtin")
     data_prefix = f"{prefix}_text_document"
@@ -173,7 +173,7 @@ def prepare_enwik8(data_dir: str, force: bool = False, url: str = ENWIK8_URL,
                    workers: int = 1) -> PreparedData:
     """Download enwik8 (100 MB of Wikipedia XML), split it into pages, tokenize it by bytes."""
     out = os.path.join(data_dir, "enwik8")
-    os.makedirs(out, exist_ok=True)
+    make_output_dir(out, "--data-dir")
     archive, corpus = os.path.join(out, "enwik8.zip"), os.path.join(out, "enwik8.jsonl")
     prefix = os.path.join(out, "enwik8")
     data_prefix = f"{prefix}_text_document"

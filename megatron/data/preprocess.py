@@ -39,6 +39,18 @@ BATCH_DOCS = 4096
 TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"
 
 
+def make_output_dir(path: str, what: str) -> None:
+    """Create the directory `path` (with its parents) for outputs the option `what` names; a
+    failure is one message naming both, not a bare OSError."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{what}: {path} is a file, not a directory; choose another path")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as err:
+        raise PermissionError(f"{what}: cannot create the directory {path} ({err.strerror}); "
+                              "choose a directory this user can write to") from None
+
+
 def expand_inputs(inputs: str | Sequence[str]) -> list[str]:
     """Input files from paths, directories and comma-separated lists, in a fixed order."""
     items = inputs.split(",") if isinstance(inputs, str) else list(inputs)
@@ -196,7 +208,7 @@ def preprocess(inputs: str | Sequence[str], output_prefix: str, tokenizer_type: 
     files = expand_inputs(inputs)
     dtype = best_fitting_dtype(tokenizer.max_token_id + 1)
     prefixes = {k: f"{output_prefix}_{k}_document" for k in keys}
-    os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)
+    make_output_dir(os.path.dirname(os.path.abspath(output_prefix)), "--output-prefix")
     builders = {k: MMapIndexedDatasetBuilder(data_file_path(p), dtype=dtype)
                 for k, p in prefixes.items()}
     result = PreprocessResult(prefixes, dtype=np.dtype(dtype).name,

@@ -148,3 +148,37 @@ def test_preprocess_script(inputs, tmp_path, capsys):
                  "--log-interval", "1"])
     assert read_all(str(tmp_path / "cli_text_document"))[0][0] == list(b"hello") + [0]
     assert "cli_text_document" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--input", "{tmp}/nope.jsonl", "--output-prefix", "{tmp}/out"],
+     "error: input {tmp}/nope.jsonl does not exist"),
+    (["--input", "{inputs}/a.jsonl", "--output-prefix", "{tmp}/file/out"],
+     "error: --output-prefix: {tmp}/file is a file, not a directory; choose another path"),
+    (["--input", "{inputs}/a.jsonl", "--output-prefix", "/proc/neox-test/out"],
+     "error: --output-prefix: cannot create the directory /proc/neox-test (No such file or "
+     "directory); choose a directory this user can write to"),
+], ids=["missing-input", "prefix-under-a-file", "uncreatable-directory"])
+def test_preprocess_script_ends_a_user_error_with_one_line(inputs, tmp_path, capsys, monkeypatch,
+                                                           argv, message):
+    # entry scripts install a log handler on the stderr of their time: give this call its own
+    monkeypatch.setattr(logging.getLogger("megatron"), "handlers", [])
+    (tmp_path / "file").write_text("x")
+    script = load_script("preprocess_data")
+    values = [a.format(tmp=tmp_path, inputs=inputs) for a in argv]
+    assert script.main([*values, "--tokenizer-type", "CharLevelTokenizer"]) == 1
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("error")] == \
+        [message.format(tmp=tmp_path)], err
+    assert "Traceback" not in err and not list(tmp_path.glob("out*"))
+
+
+def test_prepare_script_names_the_data_dir_it_cannot_create(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(logging.getLogger("megatron"), "handlers", [])
+    (tmp_path / "file").write_text("x")
+    script = load_script("prepare_data")
+    assert script.main(["builtin", "-d", str(tmp_path / "file")]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (f"error: --data-dir: cannot create the directory {tmp_path}/"
+                                    "file/builtin (Not a directory); choose a directory this "
+                                    "user can write to")

@@ -22,7 +22,7 @@ import sys
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 from megatron.data.prepare import BUILTIN_VOCAB_SIZE, RECIPES, prepare_dataset  # noqa: E402
-from megatron.monitoring.logger import setup_logging  # noqa: E402
+from megatron.entry import run_entry  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -38,18 +38,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     args = parse_args(argv)
-    setup_logging()
-    kwargs = {"force": args.force, "workers": args.workers}
-    if args.dataset == "builtin":
-        kwargs.update(vocab_size=args.vocab_size, max_documents=args.max_documents)
-    result = prepare_dataset(args.dataset, args.data_dir, **kwargs)
-    print(f"data_path: {result.data_prefix}")
-    print(f"tokenizer_type: {result.tokenizer_type}")
-    if result.vocab_file:
-        print(f"vocab_file: {result.vocab_file}")
+
+    def run() -> None:
+        kwargs = {"force": args.force, "workers": args.workers}
+        if args.dataset == "builtin":
+            kwargs.update(vocab_size=args.vocab_size, max_documents=args.max_documents)
+        result = prepare_dataset(args.dataset, args.data_dir, **kwargs)
+        print(f"data_path: {result.data_prefix}")
+        print(f"tokenizer_type: {result.tokenizer_type}")
+        if result.vocab_file:
+            print(f"vocab_file: {result.vocab_file}")
+
+    return run_entry(run)  # a user error: one line, status 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -20,7 +20,7 @@ import sys
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 from megatron.data.preprocess import preprocess  # noqa: E402
-from megatron.monitoring.logger import setup_logging  # noqa: E402
+from megatron.entry import run_entry  # noqa: E402
 from megatron.tokenizer import TOKENIZERS  # noqa: E402
 
 
@@ -50,17 +50,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     args = parse_args(argv)
-    setup_logging()
-    result = preprocess(args.input, args.output_prefix, args.tokenizer_type, args.vocab_file,
-                        args.merge_file, jsonl_keys=args.jsonl_keys, append_eod=args.append_eod,
-                        workers=args.workers, log_interval=args.log_interval,
-                        max_docs=args.max_docs)
-    for key, prefix in result.prefixes.items():
-        print(f"{key}: {prefix}  ({result.documents} documents, {result.tokens} tokens, "
-              f"{result.dtype})")
+
+    def run() -> None:
+        result = preprocess(args.input, args.output_prefix, args.tokenizer_type,
+                            args.vocab_file, args.merge_file, jsonl_keys=args.jsonl_keys,
+                            append_eod=args.append_eod, workers=args.workers,
+                            log_interval=args.log_interval, max_docs=args.max_docs)
+        for key, prefix in result.prefixes.items():
+            print(f"{key}: {prefix}  ({result.documents} documents, {result.tokens} tokens, "
+                  f"{result.dtype})")
+
+    return run_entry(run)  # a user error: one line, status 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
