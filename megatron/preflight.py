@@ -10,8 +10,8 @@ Comet) is installed (monitoring.trackers.check_trackers_installed).
 
 For each, the directories its workers write into (save, log_dir, tensorboard_dir,
 data_cache_dir, memory_profiling_path, the samples' and the eval results' directories) are
-directories this process can write in, or can be created (the workers would fail on them, at
-the first checkpoint for `save`).
+directories this process can write in, or can be created (paths.check_writable; the workers
+would fail on them, at the first checkpoint for `save`).
 
 For train.py, generate.py, eval.py and tools/ckpts/reshard.py, the tokenizer's files load. For
 train.py and reshard.py, no live run holds the save directory (megatron.safety.lock). For
@@ -41,10 +41,10 @@ Each check reads only the manifest and config.yml of the checkpoint the run woul
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from megatron.host import check_precision_supported
+from megatron.paths import check_writable
 
 LOADING_SCRIPTS = ("train.py", "reshard.py")
 TRACKING_SCRIPTS = ("train.py", "eval.py")
@@ -65,7 +65,7 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
         _check_training_inputs(args)
         _check_tasks_in_training(args)
     for key, directory in _output_directories(args, name):
-        _check_writable(key, directory)
+        check_writable(key, directory)
     if name not in LOADING_SCRIPTS:  # generate.py, eval.py
         _check_inference_inputs(args, name)
         tokenizer = _tokenizer(args)
@@ -199,28 +199,6 @@ def _output_directories(args, script: str) -> list[tuple[str, str]]:
     if script == "eval.py" and args.eval.eval_results_prefix:
         found.append(("eval_results_prefix", str(Path(args.eval.eval_results_prefix).parent)))
     return found
-
-
-def _check_writable(key: str, directory: str) -> None:
-    """`directory` (config key `key`) is a directory this process can write in, or can be
-    created: a directory made and removed at once in its nearest existing ancestor proves it
-    (permission bits do not, for root or on a read-only file system)."""
-    import tempfile
-
-    path = Path(directory)
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        where = f"{path} is" if existing == path else f"{path} cannot be made: {existing} is"
-        raise ValueError(f"{key}: {where} a file, not a directory; choose another path")
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".write-check-", dir=existing))
-    except OSError as err:
-        where = (f"cannot write in {path}" if existing == path else
-                 f"cannot create {path}: {existing} is not writable")
-        raise PermissionError(f"{key}: {where} ({err.strerror}); "
-                              "choose a directory this user can write to") from None
 
 
 def _check_training_inputs(args) -> None:

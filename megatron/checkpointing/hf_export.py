@@ -40,6 +40,7 @@ from megatron.model.config import ModelConfig, model_config_from_args
 from megatron.model.hf_mapping import architecture_for, hf_class_name, to_hf_model
 from megatron.monitoring.logger import get_logger
 from megatron.monitoring.progress import progress
+from megatron.paths import check_writable
 
 log = get_logger(__name__)
 
@@ -76,6 +77,7 @@ def export_to_hf(step_dir: Path, args, output_dir: Path | None, architecture: st
     tok = args.tokenizer
     tokenizer = build_tokenizer(tok.tokenizer_type, tok.vocab_file, tok.merge_file)
     output_dir = Path(output_dir) if output_dir is not None else default_output_dir(step_dir)
+    check_writable("--output_dir", output_dir)  # before any weight is read
     with progress(total=3, desc="export to Hugging Face", unit="step") as bar:
         ck = read_step(step_dir, args)
         bar.update()

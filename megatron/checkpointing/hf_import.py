@@ -21,6 +21,7 @@ import torch
 
 from megatron.model.config import ModelConfig, model_config_from_args
 from megatron.checkpointing.model_shape import FIELD_LABELS, compared_fields, field_text
+from megatron.paths import check_writable
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -45,6 +46,7 @@ def import_from_hf(hf_dir: Path, args, save_dir: Path, tp: int | None = None,
         args = config_for_tp(args, tp)
     config, tokenizer_ids = _run_config(args)
     check_same_model(config, hf_model, tokenizer_ids, hf_dir)
+    check_writable("--output_dir", save_dir)  # before any weight is read
     canonical, _ = canonical_from_hf(read_hf_weights(hf_dir), hf_cfg)
     canonical = resize_vocab(canonical, config.num_layers, config.padded_vocab_size)
     return write_weights_checkpoint(Path(save_dir), iteration, canonical, args,

@@ -34,8 +34,9 @@ import numpy as np
 
 from megatron.data.indexed_dataset import (IGNORE_LABEL, MMapIndexedDatasetBuilder,
                                            best_fitting_dtype, index_file_path)
-from megatron.data.preprocess import _open_text, expand_inputs, make_output_dir
+from megatron.data.preprocess import _open_text, expand_inputs
 from megatron.monitoring.logger import get_logger
+from megatron.paths import make_output_dir
 from megatron.monitoring.progress import progress
 
 logger = get_logger(__name__)

@@ -24,8 +24,9 @@ from typing import Sequence
 from megatron.data.chat_preprocess import ChatResult
 from megatron.data.indexed_dataset import (IGNORE_LABEL, MMapIndexedDatasetBuilder,
                                            best_fitting_dtype, index_file_path)
-from megatron.data.preprocess import _open_text, expand_inputs, iter_documents, make_output_dir
+from megatron.data.preprocess import _open_text, expand_inputs, iter_documents
 from megatron.monitoring.logger import get_logger
+from megatron.paths import make_output_dir
 from megatron.monitoring.progress import progress
 
 logger = get_logger(__name__)

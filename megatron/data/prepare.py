@@ -22,8 +22,9 @@ from typing import Callable
 
 from megatron.data import builtin_corpus
 from megatron.data.indexed_dataset import MMapIndexedDataset, data_file_path, index_file_path
-from megatron.data.preprocess import make_output_dir, preprocess
+from megatron.data.preprocess import preprocess
 from megatron.monitoring.logger import get_logger
+from megatron.paths import make_output_dir
 
 logger = get_logger(__name__)
 

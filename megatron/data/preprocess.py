@@ -25,6 +25,7 @@ import numpy as np
 from megatron.data.indexed_dataset import (MMapIndexedDatasetBuilder, best_fitting_dtype,
                                            data_file_path, index_file_path)
 from megatron.monitoring.logger import get_logger
+from megatron.paths import make_output_dir
 from megatron.monitoring.progress import progress
 from megatron.tokenizer import AbstractTokenizer, build_tokenizer
 
@@ -37,18 +38,6 @@ TEXT_SUFFIXES = (".txt", ".txt.gz")
 BATCH_CHARS = 1 << 18
 BATCH_DOCS = 4096
 TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"
-
-
-def make_output_dir(path: str, what: str) -> None:
-    """Create the directory `path` (with its parents) for outputs the option `what` names; a
-    failure is one message naming both, not a bare OSError."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"{what}: {path} is a file, not a directory; choose another path")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as err:
-        raise PermissionError(f"{what}: cannot create the directory {path} ({err.strerror}); "
-                              "choose a directory this user can write to") from None
 
 
 def expand_inputs(inputs: str | Sequence[str]) -> list[str]:

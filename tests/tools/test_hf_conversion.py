@@ -323,6 +323,28 @@ def test_architecture_hugging_face_cannot_hold_is_refused_with_the_reasons(data,
     assert not (tmp_path / "hf").exists()
 
 
+def test_an_output_dir_that_cannot_be_written_is_refused_before_any_weight_is_read(
+        data, tmp_path, capsys):
+    args = NeoXArgs.from_ymls(["configs/tiny.yml", data[2]])
+    write_weights_checkpoint(tmp_path / "ckpt", 1, random_weights(model_config_from_args(
+        args, 2048)), args, tp=1)
+    (tmp_path / "file").write_text("x")
+    assert tool("convert_neox_to_hf").main(["--input_dir", str(tmp_path / "ckpt"),
+                                            "--output_dir", str(tmp_path / "file" / "hf")]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: --output_dir: {tmp_path}/file/hf cannot be made: {tmp_path}/file is a file, not "
+        "a directory; choose another path")
+    export = tool("convert_neox_to_hf").main(["--input_dir", str(tmp_path / "ckpt"),
+                                              "--output_dir", str(tmp_path / "hf")])
+    assert export == 0  # the same checkpoint, to a directory that can be made
+    assert tool("convert_hf_to_neox").main([
+        "--hf_model", str(tmp_path / "hf"), "--config_file", "configs/tiny.yml", str(data[2]),
+        "--output_dir", "/proc/neox-test"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "error: --output_dir: cannot create /proc/neox-test: /proc is not writable (No such file "
+        "or directory); choose a directory this user can write to")
+
+
 def test_config_differing_from_the_checkpoint_is_refused_naming_key_and_values(
         pythia_tp2_pp2, data, tmp_path, capsys):
     wrong = tmp_path / "wrong.yml"
