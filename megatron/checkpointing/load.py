@@ -50,7 +50,11 @@ def load_checkpoint(engine, ck) -> dict:
         remove_leftovers(Path(ck.save))
     candidates = _agreed_candidates(root, ck.iteration)
     if not candidates:
-        log.info("no checkpoint in %s: starting from iteration 0", root)
+        if ck.finetune:  # GPT-NeoX goes on from random weights too, saying less
+            log.warning("finetune is true but %s holds no checkpoint: the weights start random; "
+                        "point load at the checkpoint to fine-tune", root)
+        else:
+            log.info("no checkpoint in %s: starting from iteration 0", root)
         return {}
     rejected: list[tuple[str, list[str]]] = []
     for tag in candidates:

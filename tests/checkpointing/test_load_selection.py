@@ -62,6 +62,21 @@ def test_nothing_saved_means_a_fresh_start(tmp_path):
     assert find_candidates(tmp_path / "none", None) == ([], [])
 
 
+@pytest.mark.parametrize("finetune", [False, True])
+def test_a_load_directory_without_checkpoints_starts_fresh_and_a_fine_tune_says_so(
+        tmp_path, caplog, finetune):
+    args = NeoXArgs.from_ymls([ROOT / "configs" / "tiny.yml"], {
+        "load": str(tmp_path / "none"), "save": None, "num_gpus": 1, "finetune": finetune})
+    engine = SimpleNamespace(topology=Topology(1, 1, 1),
+                             engine=SimpleNamespace(module=torch.nn.Linear(2, 2)))
+    with caplog.at_level("INFO", logger="megatron"):
+        assert load_checkpoint(engine, args.checkpoint) == {}
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == ([f"finetune is true but {tmp_path / 'none'} holds no checkpoint: the "
+                         "weights start random; point load at the checkpoint to fine-tune"]
+                        if finetune else [])
+
+
 @pytest.mark.parametrize("damage, expected", [
     ("truncate", "bytes but the manifest recorded 1024 (truncated)"),
     ("flip", "differs from the manifest's"),
