@@ -15,7 +15,8 @@ would fail on them, at the first checkpoint for `save`).
 
 For train.py, generate.py, eval.py and tools/ckpts/reshard.py, the tokenizer's files load. For
 train.py and reshard.py, no live run holds the save directory (megatron.safety.lock). For
-generate.py in input-file mode, the input file holds prompts; for eval.py, its settings are
+generate.py, the input file holds prompts (input-file mode) and the prompts plus maximum_tokens
+fit the model's positions (A14); for eval.py, its settings are
 valid, lm-eval is installed (A28) and the task files and directories in eval_tasks exist and
 define tasks (registry names are looked up by the workers). For train.py, every data
 prefix has its `.bin`/`.idx` pair with a readable header (named with its config key), label,
@@ -67,8 +68,8 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
     for key, directory in _output_directories(args, name):
         check_writable(key, directory)
     if name not in LOADING_SCRIPTS:  # generate.py, eval.py
-        _check_inference_inputs(args, name)
         tokenizer = _tokenizer(args)
+        _check_inference_inputs(args, name, tokenizer)
         _check_inference_checkpoint(args, name)
         _check_memory(args, name, tokenizer, workers_here)
         return
@@ -106,16 +107,22 @@ def _check_shape(args, saved: dict, step_dir: Path) -> None:
                          "with")
 
 
-def _check_inference_inputs(args, script: str) -> None:
-    """generate.py: the input file holds prompts (input-file mode). eval.py: its settings, an
-    installed lm-eval (A28) and the task files and directories eval_tasks names (registry names
-    are looked up by the workers, whose lm-eval scans its registry)."""
+def _check_inference_inputs(args, script: str, tokenizer) -> None:
+    """generate.py: the input file holds prompts (input-file mode), and each prompt (an
+    unconditional sample's EOD) plus maximum_tokens fits max_position_embeddings (A14).
+    eval.py: its settings, an installed lm-eval (A28) and the task files and directories
+    eval_tasks names (registry names are looked up by the workers, whose lm-eval scans its
+    registry)."""
     if script == "generate.py":
-        if args.derived.text_gen_type == "input-file":
-            from megatron.text_generation.prompts import read_prompts
+        from megatron.text_generation.prompts import check_lengths, read_prompts
 
-            tg = args.text_generation
-            read_prompts(tg.sample_input_file, tg.prompt_end, warn=False)
+        tg, mode = args.text_generation, args.derived.text_gen_type
+        if mode == "interactive":
+            return  # each prompt is checked as it is read
+        texts = (read_prompts(tg.sample_input_file, tg.prompt_end, warn=False)
+                 if mode == "input-file" else [""])
+        check_lengths([len(tokenizer.tokenize(t)) or 1 for t in texts], tg.maximum_tokens,
+                      args.model.max_position_embeddings)
         return
     from megatron.evaluation.lm_eval_version import require_lm_eval
     from megatron.evaluation.tasks import check_eval_settings, resolve_task_entries

@@ -1,4 +1,5 @@
-"""Checks made before generating: stop ids (A13), lengths (A14) and KV-cache memory (A29).
+"""Checks made before generating: stop ids (A13) and KV-cache memory (A29); the lengths (A14)
+are checked by prompts.check_lengths, which deepy.py runs too.
 
 Each raises ValueError/RuntimeError with the numbers involved and what to change.
 """
@@ -38,23 +39,6 @@ def validate_stop_strings(stop_strings) -> tuple[str, ...]:
             raise ValueError(f"stop_strings entry {s!r} must be a non-empty string")
         out.append(s)
     return tuple(out)
-
-
-def check_lengths(prompt_lengths: list[int], max_new_tokens: int, max_positions: int,
-                  first_index: int = 0) -> None:
-    """A14: prompt + max_new_tokens must fit max_position_embeddings; the error names the
-    longest prompts (by index), their length and the limits."""
-    if max_new_tokens < 1:
-        raise ValueError(f"maximum_tokens({max_new_tokens}) must be at least 1")
-    too_long = [(i + first_index, n) for i, n in enumerate(prompt_lengths)
-                if n + max_new_tokens > max_positions]
-    if too_long:
-        shown = ", ".join(f"prompt {i} has {n} tokens" for i, n in too_long[:3])
-        more = f" (and {len(too_long) - 3} more)" if len(too_long) > 3 else ""
-        raise ValueError(f"{shown}{more}: prompt tokens + maximum_tokens({max_new_tokens}) must "
-                         f"not exceed max_position_embeddings({max_positions}); shorten the "
-                         f"prompt to at most {max_positions - max_new_tokens} tokens or lower "
-                         "maximum_tokens")
 
 
 def available_memory(device: torch.device) -> tuple[int, str]:

@@ -25,7 +25,8 @@ from typing import Callable
 import torch
 
 from megatron.monitoring.progress import progress
-from megatron.text_generation.checks import check_kv_cache_fits, check_lengths
+from megatron.text_generation.checks import check_kv_cache_fits
+from megatron.text_generation.prompts import check_lengths
 from megatron.text_generation.inference_model import InferenceModel
 from megatron.text_generation.sampling import SamplingParams, sample
 

@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import TextIO
 
 from megatron.monitoring.logger import get_logger, print_rank_0
-from megatron.text_generation.checks import (check_lengths, validate_stop_ids,
-                                             validate_stop_strings)
+from megatron.text_generation.checks import validate_stop_ids, validate_stop_strings
 from megatron.text_generation.generation import cut_at_stop, generate, stop_string_checker
-from megatron.text_generation.prompts import read_prompts
+from megatron.text_generation.prompts import check_lengths, read_prompts
 from megatron.text_generation.runtime import InferenceRuntime, inference_runtime
 from megatron.text_generation.sampling import SamplingParams, seeded_generators
 

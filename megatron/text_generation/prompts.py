@@ -1,5 +1,6 @@
-"""generate.py's input file: prompts split on `prompt_end` (no torch: deepy.py reads the file
-before any worker starts, rank 0 again when it generates)."""
+"""generate.py's prompts: the input file split on `prompt_end`, and A14 (prompt plus
+maximum_tokens fit max_position_embeddings). No torch: deepy.py reads the file and checks the
+lengths before any worker starts; rank 0 reads it again and every batch is checked again."""
 
 from __future__ import annotations
 
@@ -26,3 +27,24 @@ def read_prompts(path: str, prompt_end: str, warn: bool = True) -> list[str]:
     if not prompts:
         raise ValueError(f"sample_input_file {path} holds no prompts (separator {prompt_end!r})")
     return prompts
+
+
+def check_lengths(prompt_lengths: list[int], max_new_tokens: int, max_positions: int,
+                  first_index: int = 0) -> None:
+    """A14: prompt + max_new_tokens must fit max_position_embeddings; the error names the
+    longest prompts (by index), their length and the limits."""
+    if max_new_tokens < 1:
+        raise ValueError(f"maximum_tokens({max_new_tokens}) must be at least 1")
+    if max_new_tokens >= max_positions:  # no prompt is short enough: say so, not "-372 tokens"
+        raise ValueError(f"maximum_tokens({max_new_tokens}) must be below "
+                         f"max_position_embeddings({max_positions}), as every prompt has at least "
+                         "one token; lower maximum_tokens")
+    too_long = [(i + first_index, n) for i, n in enumerate(prompt_lengths)
+                if n + max_new_tokens > max_positions]
+    if too_long:
+        shown = ", ".join(f"prompt {i} has {n} tokens" for i, n in too_long[:3])
+        more = f" (and {len(too_long) - 3} more)" if len(too_long) > 3 else ""
+        raise ValueError(f"{shown}{more}: prompt tokens + maximum_tokens({max_new_tokens}) must "
+                         f"not exceed max_position_embeddings({max_positions}); shorten the "
+                         f"prompt to at most {max_positions - max_new_tokens} tokens or lower "
+                         "maximum_tokens")

@@ -150,20 +150,27 @@ def test_workers_started_with_only_mpirun_variables_join(small_data, tmp_path):
      "/nonexistent/corpus.bin"),
     (["train.py", "configs/tiny.yml", "num_gpus=1", "data_path={data}",
       "vocab_file=/nonexistent/tokenizer.json"], "/nonexistent/tokenizer.json"),
-    (["generate.py", "configs/tiny.yml", "configs/text_generation.yml", "load=null"],
+    (["generate.py", "configs/tiny.yml", "configs/text_generation.yml", "load=null", "{tok}"],
      "generation and evaluation read a trained checkpoint, but 'load' is not set; set load to "
      "the directory the training run saved to"),
     (["eval.py", "configs/tiny.yml", "eval_tasks=[tests/evaluation/tasks/tiny_mc.yaml]",
-      "load=/nonexistent/ckpt"], "checkpoint directory /nonexistent/ckpt (config key 'load') "
-                                 "does not exist"),
+      "load=/nonexistent/ckpt", "{tok}"],
+     "checkpoint directory /nonexistent/ckpt (config key 'load') does not exist"),
     (["generate.py", "configs/tiny.yml", "configs/text_generation.yml",
       "vocab_file=/nonexistent/tokenizer.json"],
      "tokenizer JSON file (vocab_file) /nonexistent/tokenizer.json does not exist"),
     (["generate.py", "configs/tiny.yml", "configs/text_generation.yml",
-      "text_gen_type=input-file", "sample_input_file=/nonexistent/prompts.txt"],
+      "text_gen_type=input-file", "sample_input_file=/nonexistent/prompts.txt", "{tok}"],
      "sample_input_file /nonexistent/prompts.txt does not exist"),
-    (["eval.py", "configs/tiny.yml"], "eval.py needs eval_tasks"),
-    (["eval.py", "configs/tiny.yml", "eval_tasks=[/nonexistent/task.yaml]"],
+    (["generate.py", "configs/tiny.yml", "configs/text_generation.yml", "maximum_tokens=200",
+      "{tok}"],
+     "maximum_tokens(200) must be below max_position_embeddings(128)"),
+    (["generate.py", "configs/tiny.yml", "configs/text_generation.yml", "maximum_tokens=100",
+      "text_gen_type=input-file", "sample_input_file={prompts}", "{tok}"],
+     "tokens: prompt tokens + maximum_tokens(100) must not exceed max_position_embeddings(128); "
+     "shorten the prompt to at most 28 tokens"),
+    (["eval.py", "configs/tiny.yml", "{tok}"], "eval.py needs eval_tasks"),
+    (["eval.py", "configs/tiny.yml", "eval_tasks=[/nonexistent/task.yaml]", "{tok}"],
      "task file /nonexistent/task.yaml (in eval_tasks) does not exist"),
     (["train.py", "configs/tiny.yml", "num_gpus=1", "data_path={data}", "save=/proc/neox-ck"],
      "save: cannot create /proc/neox-ck: /proc is not writable"),
@@ -173,16 +180,20 @@ def test_workers_started_with_only_mpirun_variables_join(small_data, tmp_path):
       "eval_tasks=[/nonexistent/task.yaml]"],
      "task file /nonexistent/task.yaml (in eval_tasks) does not exist"),
     (["generate.py", "configs/tiny.yml", "configs/text_generation.yml",
-      "sample_output_file=README.md/samples.jsonl"],
+      "sample_output_file=README.md/samples.jsonl", "{tok}"],
      "sample_output_file: README.md is a file, not a directory"),
 ], ids=["missing-config", "unknown-key", "wrong-type", "impossible-degrees", "missing-hostfile",
         "missing-script", "no-ssh-without-hostfile", "missing-data", "missing-vocab-file",
         "generate-without-load", "eval-of-a-missing-checkpoint", "generate-missing-vocab-file",
-        "generate-missing-prompt-file", "eval-without-tasks", "eval-missing-task-file",
+        "generate-missing-prompt-file", "generate-beyond-the-context",
+        "generate-a-prompt-too-long", "eval-without-tasks", "eval-missing-task-file",
         "unwritable-save", "log-dir-a-file", "missing-task-file-in-training",
         "sample-output-under-a-file"])
-def test_bad_input_is_one_clear_error(argv, message, small_data):
-    argv = [a.replace("{data}", small_data[0]) for a in argv]
+def test_bad_input_is_one_clear_error(argv, message, small_data, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a short prompt\n" + "the history of the river " * 30 + "\n")
+    argv = [a.replace("{data}", small_data[0]).replace("{prompts}", str(prompts))
+            .replace("{tok}", f"vocab_file={small_data[1]}") for a in argv]
     proc = deepy(*argv, timeout=60)
     assert proc.returncode != 0
     assert message in proc.stderr, explain(proc)

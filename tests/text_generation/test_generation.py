@@ -82,6 +82,10 @@ def test_prompt_plus_maximum_tokens_beyond_the_context_is_refused_with_the_numbe
                        r"shorten the prompt to at most 38 tokens or lower maximum_tokens"):
         generate(model, prompts_of([5, 40]), 10, GREEDY, NO_STOP)
     assert len(generate(model, prompts_of([38]), 10, GREEDY, NO_STOP)[0].ids) == 10  # fits
+    with pytest.raises(ValueError, match=r"^maximum_tokens\(48\) must be below "
+                       r"max_position_embeddings\(48\), as every prompt has at least one token; "
+                       r"lower maximum_tokens$"):
+        generate(model, prompts_of([1]), 48, GREEDY, NO_STOP)
 
 
 def test_bad_stop_token_ids_are_refused_against_the_tokenizer():
