@@ -14,7 +14,8 @@ directories this process can write in, or can be created (paths.check_writable; 
 would fail on them, at the first checkpoint for `save`).
 
 For train.py, generate.py, eval.py and tools/ckpts/reshard.py, the tokenizer's files load. For
-train.py and reshard.py, no live run holds the save directory (megatron.safety.lock). For
+train.py and reshard.py, no live run holds the save directory (megatron.safety.lock); for
+reshard.py, `load` and `save` are set and differ and `load` holds a checkpoint. For
 generate.py, the input file holds prompts (input-file mode) and the prompts plus maximum_tokens
 fit the model's positions (A14); for eval.py, its settings are
 valid, lm-eval is installed (A28) and the task files and directories in eval_tasks exist and
@@ -73,6 +74,8 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
         _check_inference_checkpoint(args, name)
         _check_memory(args, name, tokenizer, workers_here)
         return
+    if name == "reshard.py":
+        check_reshard_settings(args.checkpoint)
     tokenizer = _tokenizer(args)
     if name in MEMORY_SCRIPTS:
         _check_memory(args, name, tokenizer, workers_here)
@@ -86,6 +89,11 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
 
     manifest = planned_manifest(Path(ck.load), ck.iteration)
     if manifest is None:
+        if name == "reshard.py":
+            from megatron.checkpointing.locate import find_candidates
+
+            if not find_candidates(Path(ck.load), ck.iteration)[0]:
+                raise FileNotFoundError(f"no checkpoint to reshard in {ck.load}")
         return
     step_dir = Path(ck.load) / manifest.tag
     _check_shape(args, manifest.run, step_dir)
@@ -93,6 +101,19 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
     # a checkpoint written from weights alone (e.g. converted from Hugging Face) has no schedule
     if name == "train.py" and not ck.no_load_optim and manifest.contents.get("engine", True):
         _check_schedule(args, step_dir)
+
+
+def check_reshard_settings(ck) -> None:
+    """tools/ckpts/reshard.py: `load` and `save` set and different, the whole state kept (`ck`:
+    the checkpoint section of the config)."""
+    if not ck.load or not ck.save:
+        raise ValueError("resharding reads the checkpoint in 'load' and writes it to 'save': set "
+                         "both (e.g. load=checkpoints/run save=checkpoints/run_tp2)")
+    if Path(ck.load).resolve() == Path(ck.save).resolve():
+        raise ValueError(f"'save' and 'load' are both {ck.load}: write the resharded checkpoint "
+                         "to another directory, so that the original stays as it is")
+    if ck.finetune or ck.no_load_optim:
+        raise ValueError("resharding keeps the whole state; remove finetune / no_load_optim")
 
 
 def _check_shape(args, saved: dict, step_dir: Path) -> None:

@@ -15,20 +15,13 @@ from megatron.checkpointing import load_checkpoint, save_checkpoint
 from megatron.checkpointing.load import LOADED_FROM
 from megatron.monitoring.progress import progress
 from megatron.mpu.initialize import destroy_distributed, init_distributed
+from megatron.preflight import check_reshard_settings
 
 
 def reshard(args) -> Path:
     """Load `load` (its latest checkpoint, or `iteration`) at this run's layout and save it to
     `save` under the same iteration; returns the new checkpoint directory. Collective."""
-    ck = args.checkpoint
-    if not ck.load or not ck.save:
-        raise ValueError("resharding reads the checkpoint in 'load' and writes it to 'save': set "
-                         "both (e.g. load=checkpoints/run save=checkpoints/run_tp2)")
-    if Path(ck.load).resolve() == Path(ck.save).resolve():
-        raise ValueError(f"'save' and 'load' are both {ck.load}: write the resharded checkpoint "
-                         "to another directory, so that the original stays as it is")
-    if ck.finetune or ck.no_load_optim:
-        raise ValueError("resharding keeps the whole state; remove finetune / no_load_optim")
+    check_reshard_settings(args.checkpoint)  # deepy.py checked them too
     init_distributed(args.parallelism.distributed_backend,
                      args.launcher.distributed_timeout_minutes, args.launcher)
     try:

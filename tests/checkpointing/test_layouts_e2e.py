@@ -78,9 +78,21 @@ def test_the_reshard_tool_rewrites_a_tp2_pp2_checkpoint_at_tp1(small_data, tmp_p
     assert_same_state(full_state(want_root), full_state(out))
 
 
-def test_the_reshard_tool_refuses_to_overwrite_its_input(small_data, tmp_path):
+@pytest.mark.parametrize("overrides,message", [
+    ({}, "'save' and 'load' are both {tmp}/ckpt: write the resharded checkpoint to another "
+         "directory"),
+    ({"load": "null"}, "resharding reads the checkpoint in 'load' and writes it to 'save': set both"),
+    ({"load": "{tmp}/empty", "save": "{tmp}/out"}, "no checkpoint to reshard in {tmp}/empty"),
+], ids=["onto-its-input", "without-load", "nothing-to-reshard"])
+def test_the_reshard_tool_refuses_before_any_worker_starts(small_data, tmp_path, overrides,
+                                                           message):
     prefix, tok = small_data
+    (tmp_path / "empty").mkdir()
+    values = {k: v.format(tmp=tmp_path) for k, v in overrides.items()}
     proc = deepy("tools/ckpts/reshard.py", "configs/tiny.yml",
-                 *tiny_overrides(prefix, tok, tmp_path, num_gpus=1))
-    assert proc.returncode != 0
-    assert f"'save' and 'load' are both {tmp_path / 'ckpt'}" in proc.stderr
+                 *tiny_overrides(prefix, tok, tmp_path, num_gpus=2, **values))
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1, explain(proc)
+    assert errors[0].startswith(f"error: {message.format(tmp=tmp_path)}"), errors[0]
+    assert "worker(s)" not in proc.stderr
