@@ -75,6 +75,8 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
         _check_memory(args, name, tokenizer, workers_here)
         return
     if name == "reshard.py":
+        from megatron.checkpointing.locate import check_reshard_settings
+
         check_reshard_settings(args.checkpoint)
     tokenizer = _tokenizer(args)
     if name in MEMORY_SCRIPTS:
@@ -101,19 +103,6 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
     # a checkpoint written from weights alone (e.g. converted from Hugging Face) has no schedule
     if name == "train.py" and not ck.no_load_optim and manifest.contents.get("engine", True):
         _check_schedule(args, step_dir)
-
-
-def check_reshard_settings(ck) -> None:
-    """tools/ckpts/reshard.py: `load` and `save` set and different, the whole state kept (`ck`:
-    the checkpoint section of the config)."""
-    if not ck.load or not ck.save:
-        raise ValueError("resharding reads the checkpoint in 'load' and writes it to 'save': set "
-                         "both (e.g. load=checkpoints/run save=checkpoints/run_tp2)")
-    if Path(ck.load).resolve() == Path(ck.save).resolve():
-        raise ValueError(f"'save' and 'load' are both {ck.load}: write the resharded checkpoint "
-                         "to another directory, so that the original stays as it is")
-    if ck.finetune or ck.no_load_optim:
-        raise ValueError("resharding keeps the whole state; remove finetune / no_load_optim")
 
 
 def _check_shape(args, saved: dict, step_dir: Path) -> None:

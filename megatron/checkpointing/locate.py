@@ -75,6 +75,19 @@ def checkpoint_dir(load: str | None, iteration: int | None) -> Path:
     return step_directory(Path(load), iteration, key="load")
 
 
+def check_reshard_settings(ck) -> None:
+    """tools/ckpts/reshard.py: `load` and `save` set and different, the whole state kept (`ck`:
+    the checkpoint section of the config; deepy.py and the workers check them)."""
+    if not ck.load or not ck.save:
+        raise ValueError("resharding reads the checkpoint in 'load' and writes it to 'save': set "
+                         "both (e.g. load=checkpoints/run save=checkpoints/run_tp2)")
+    if Path(ck.load).resolve() == Path(ck.save).resolve():
+        raise ValueError(f"'save' and 'load' are both {ck.load}: write the resharded checkpoint "
+                         "to another directory, so that the original stays as it is")
+    if ck.finetune or ck.no_load_optim:
+        raise ValueError("resharding keeps the whole state; remove finetune / no_load_optim")
+
+
 def step_directory(path: Path, iteration: int | None = None, key: str | None = None) -> Path:
     """A reader's checkpoint: `path` itself when it is one (a global_step<N> directory), else
     the save directory's `iteration`, else the one its `latest` names (find_candidates without

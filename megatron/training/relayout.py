@@ -13,9 +13,9 @@ import torch.distributed as dist
 
 from megatron.checkpointing import load_checkpoint, save_checkpoint
 from megatron.checkpointing.load import LOADED_FROM
+from megatron.checkpointing.locate import check_reshard_settings
 from megatron.monitoring.progress import progress
 from megatron.mpu.initialize import destroy_distributed, init_distributed
-from megatron.preflight import check_reshard_settings
 
 
 def reshard(args) -> Path:
