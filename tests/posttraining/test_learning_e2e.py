@@ -128,7 +128,7 @@ def refuses_a_reward_model(chat_files, ckpt: Path, tmp_path: Path) -> None:
     needs = {"generate.py": "generation", "eval.py": "evaluation"}
     runs = {script: deepy(script, "configs/tiny.yml", *extra, *common)
             for script, extra in (
-                ("generate.py", ["configs/text_generation.yml",
+                ("generate.py", ["configs/text_generation.yml", "maximum_tokens=16",
                                  f"sample_output_file={tmp_path / 'samples.jsonl'}"]),
                 ("eval.py", ["eval_tasks=[lambada_openai]"]))}
     for script, proc in runs.items():
