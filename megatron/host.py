@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import importlib.util
 import os
 from pathlib import Path
@@ -60,6 +61,29 @@ def check_precision_supported(precision: str) -> None:
         raise ValueError("fp16 training needs a CUDA GPU: DeepSpeed's CPU accelerator has no fp16 "
                          "support. On CPU use bf16 ('bf16: {enabled: true}', fast on CPUs with "
                          "AMX) or fp32 (remove the fp16 section)")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags, as /proc/cpuinfo lists them (empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def fp32_products(setting: str) -> bool:
+    """Whether `cpu_matmul_precision: <setting>` multiplies bf16 operands on CPU as fp32
+    (megatron/mpu/products.py): auto does, unless the CPU has AMX tiles for bf16."""
+    if setting == "auto":
+        return "amx_bf16" not in cpu_flags()
+    if setting in ("fp32", "native"):
+        return setting == "fp32"
+    raise ValueError(f"cpu_matmul_precision must be auto, fp32 or native, not {setting!r}")
 
 
 def available_cpus() -> int:

@@ -244,7 +244,7 @@ def _check_side_files(args) -> None:
         return  # no side files (and no import of torch before the workers start)
     from megatron.data.aligned import check_pair, open_labels, read_rewards
     from megatron.data.indexed_dataset import MMapIndexedDataset
-    from megatron.training.data import sample_options, token_paths
+    from megatron.data.options import sample_options, token_paths
 
     options = sample_options(args)
     for s, paths in enumerate(token_paths(args)):

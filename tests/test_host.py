@@ -60,25 +60,34 @@ sys.exit(run_entry(lambda: launcher.launch(sys.argv[1], sys.argv[2:])))
 """
 
 
-SCRIPTS = {"train.py": [],
-           "generate.py": ["configs/text_generation.yml", "sample_output_file={tmp}/samples.jsonl"],
-           "eval.py": ["eval_tasks=[tests/evaluation/tasks/tiny_mc.yaml]"]}
+BUILTIN = "data/builtin/builtin_text_document"
+LABELS = ["data_path=null", *(f"{split}_{kind}data_paths=[{BUILTIN}]"  # tokens as their own labels
+                              for split in ("train", "valid", "test") for kind in ("", "label_"))]
+CASES = {"train": ("train.py", []),
+         "train-labels": ("train.py", LABELS),  # the label files are checked before launch
+         "train-mamba": ("train.py", ["configs/tiny_mamba.yml"]),
+         "train-pipeline": ("train.py", ["pipe_parallel_size=2"]),  # DeepSpeed's stages, counted
+         "train-bf16": ("train.py", ["precision=bfloat16"]),  # how CPU bf16 products run
+         "generate": ("generate.py", ["configs/text_generation.yml",
+                                      "sample_output_file={tmp}/samples.jsonl"]),
+         "eval": ("eval.py", ["eval_tasks=[tests/evaluation/tasks/tiny_mc.yaml]"])}
 
 
-@pytest.mark.parametrize("script", list(SCRIPTS))
-def test_deepy_checks_the_config_and_reaches_the_workers_without_importing_torch(tmp_path,
-                                                                                script, trained):
+@pytest.mark.parametrize("case", list(CASES))
+def test_deepy_checks_the_config_and_reaches_the_workers_without_importing_torch(tmp_path, case,
+                                                                                trained):
     """Config, preflight (data files, memory estimate with generation's KV cache, the
     checkpoint's manifest), plan and worker environment of a two-process run of the tiny
     config, as `python deepy.py <script>` makes them (the built-in data as `make data` writes
     it; generation and evaluation read a trained checkpoint)."""
+    script, extra = CASES[case]
     subprocess.run([sys.executable, "tools/datasets/prepare_data.py", "builtin", "-d", "data"],
                    cwd=ROOT, check=True, capture_output=True, env=clean_env())
     env = clean_env()
     env.pop("DS_ACCELERATOR", None)  # deepy.py decides it, as for a user
     proc = subprocess.run(
         [sys.executable, "-c", LAUNCH_UP_TO_THE_WORKERS, script, "configs/tiny.yml",
-         *(a.format(tmp=tmp_path) for a in SCRIPTS[script]), "num_gpus=2",
+         *(a.format(tmp=tmp_path) for a in extra), "num_gpus=2",
          f"save={tmp_path / 'ck'}", f"log_dir={tmp_path / 'logs'}",
          *([f"load={tmp_path / 'ck'}"] if script == "train.py" else trained["overrides"])],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -27,6 +26,7 @@ from megatron.data.aligned import check_pair, open_labels, read_rewards
 from megatron.data.document_dataset import DocumentDataset, PairwiseDataset
 from megatron.data.gpt2_dataset import GPT2Dataset
 from megatron.data.indexed_dataset import MMapIndexedDataset
+from megatron.data.options import SampleOptions
 from megatron.data.samplers import PretrainingSampler
 from megatron.data.splits import SPLIT_NAMES, split_document_ranges, weights_by_num_documents
 from megatron.host import available_cpus  # noqa: F401 (re-exported)
@@ -47,18 +47,6 @@ class _Part(NamedTuple):
     prefix: str
     documents: np.ndarray
     files: dict = {}
-
-
-@dataclass(frozen=True)
-class SampleOptions:
-    """How a split's documents become samples, and the files beside the token files (each a
-    (train, valid, test) triple of lists parallel to the *_data_paths, or None)."""
-
-    dataset_impl: str = "gpt2"
-    pack_impl: str = "packed"
-    allow_chopped: bool = True
-    pad_id: int = 0
-    side_files: dict = field(default_factory=dict)  # "label"/"reward"/"neg"/... -> triple
 
 
 def build_train_valid_test_datasets(

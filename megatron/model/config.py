@@ -7,13 +7,24 @@ per-layer attention types) already resolved.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+from megatron.host import fp32_products
 from megatron.neox_arguments.registries import GATED_ACTIVATIONS
 
 # activations whose MLP up-projection is two matrices, one gating the other (activations.py);
 # imported from here, without torch, by the counts deepy.py makes before any worker starts
 GATED = frozenset(GATED_ACTIVATIONS)
+
+# a Mamba layer's fixed sizes (megatron/model/mamba.py), here for the same counts
+STATE_SIZE = 16  # n: GPT-NeoX's d_state
+CONV_WIDTH = 4  # GPT-NeoX's d_conv
+
+
+def dt_rank(hidden_size: int) -> int:
+    """Rank of a Mamba layer's time-step projection: GPT-NeoX's ceil(hidden_size / 16)."""
+    return math.ceil(hidden_size / 16)
 
 
 @dataclass(frozen=True)
@@ -81,8 +92,6 @@ class ModelConfig:
     @property
     def fp32_products(self) -> bool:
         """Whether bf16/fp16 products on CPU tensors run in fp32 (megatron/mpu/products.py)."""
-        from megatron.mpu.products import fp32_products
-
         return fp32_products(self.cpu_matmul_precision)
 
     @property

@@ -37,7 +37,6 @@ Incremental decoding keeps, per layer, the last 4 inputs of the convolution and 
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -46,19 +45,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.model import selective_scan as scan
+from megatron.model.config import CONV_WIDTH, STATE_SIZE, dt_rank
+from megatron.model.mamba_paths import kernels, paths
 from megatron.model.init import init_methods, layer_generator
 from megatron.model.norms import build_norm
 from megatron.mpu.groups import NO_TP, TensorParallel
 from megatron.mpu.layers import ColumnParallelLinear, RowParallelLinear, shard
 from megatron.mpu.mappings import copy_to_tensor_parallel
 
-STATE_SIZE = 16  # n: GPT-NeoX's d_state
-CONV_WIDTH = 4  # GPT-NeoX's d_conv
 DT_MIN, DT_MAX, DT_FLOOR = 0.001, 0.1, 1e-4
-
-
-def dt_rank(hidden_size: int) -> int:
-    return math.ceil(hidden_size / 16)
 
 
 @dataclass
@@ -68,47 +63,6 @@ class MambaState:
 
     conv: torch.Tensor | None = None
     ssm: torch.Tensor | None = None
-
-
-@functools.cache
-def _kernels() -> tuple:
-    """(mamba_ssm's selective_scan_fn, causal_conv1d's causal_conv1d_fn), None where not
-    installed (looked up once: a failed import is not cached by Python)."""
-    try:
-        from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
-    except ImportError:
-        selective_scan_fn = None
-    try:
-        from causal_conv1d import causal_conv1d_fn
-    except ImportError:
-        causal_conv1d_fn = None
-    return selective_scan_fn, causal_conv1d_fn
-
-
-def paths(config, device_type: str) -> tuple[str, str]:
-    """(scan, convolution) that run on `device_type` tensors under the config's fusion flags.
-
-    mamba_inner_func_fusion asks for both kernels: mamba_ssm's single fused block is not used,
-    as it would leave x_proj's output unreduced under tensor parallelism."""
-    kernel_scan, kernel_conv = _kernels() if device_type == "cuda" else (None, None)
-    inner = config.mamba_inner_func_fusion
-    if config.mamba_selective_scan_fusion or inner:
-        scan_path = "mamba_ssm selective_scan" if kernel_scan is not None else "chunked torch scan"
-    else:
-        scan_path = "reference scan"
-    conv_kernel = (config.mamba_causal_conv_fusion or inner) and kernel_conv is not None
-    return scan_path, "causal_conv1d kernel" if conv_kernel else "torch conv1d"
-
-
-def describe(config, device_type: str) -> str:
-    """The startup line of a model with Mamba layers."""
-    layers = [i for i in range(config.num_layers) if config.is_mamba_layer(i)]
-    scan_path, conv_path = paths(config, device_type)
-    asked = [k for k in ("mamba_selective_scan_fusion", "mamba_causal_conv_fusion",
-                         "mamba_inner_func_fusion") if getattr(config, k)]
-    return (f"mamba: {len(layers)} of {config.num_layers} layers, {config.mamba_inner_size} "
-            f"channels, state {STATE_SIZE}; scan: {scan_path}, convolution: {conv_path}"
-            + (f" ({', '.join(asked)} set)" if asked else " (no mamba_*_fusion flag set)"))
 
 
 class MambaMixer(nn.Module):
@@ -175,7 +129,7 @@ class MambaMixer(nn.Module):
         x, z = x.transpose(1, 2), z.transpose(1, 2)  # [b, d, s]
         weight, bias = self.conv1d.weight.squeeze(1), self.conv1d.bias
         scan_path, conv_path = self._path(x.device.type)
-        kernel_scan, kernel_conv = _kernels() if x.is_cuda else (None, None)
+        kernel_scan, kernel_conv = kernels() if x.is_cuda else (None, None)
         if state is not None and state.conv is not None and x.shape[-1] == 1:
             x = scan.causal_conv1d_update(state.conv, x[..., 0], weight, bias).unsqueeze(-1)
         elif state is None and conv_path == "causal_conv1d kernel":

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from megatron.model.config import GATED
+from megatron.model.config import CONV_WIDTH, GATED, STATE_SIZE, dt_rank
 
 # class names of the layer specs (megatron/model/gpt.py build_layer_specs), which DeepSpeed's
 # "type:<regex>" partition method matches
@@ -63,8 +63,6 @@ def mlp_params(config, tp: int = 1, moe: bool = False, ep: int = 1) -> int:
 
 def mamba_params(config, tp: int = 1) -> int:
     """One Mamba layer on a rank of `tp`: its norm and mixer (megatron/model/mamba.py)."""
-    from megatron.model.mamba import CONV_WIDTH, STATE_SIZE, dt_rank
-
     h, d, n = config.hidden_size, config.mamba_inner_size // tp, STATE_SIZE
     r = dt_rank(h)
     count = 2 * d * h + d * CONV_WIDTH + (r + 2 * n) * d + d * r + d + d * n + d + h * d
@@ -114,24 +112,62 @@ def stage_layers(config, pp: int, method: str = "type:transformer|mlp", tp: int 
     kinds = layer_kinds(config)
     if pp <= 1:
         return [range(len(kinds))]
-    from deepspeed.runtime import utils as ds_utils  # imports torch: only where there are stages
-
     name = method.lower()
     if name == "uniform":
-        parts = ds_utils.partition_uniform(num_items=len(kinds), num_parts=pp)
+        parts = uniform_bounds(len(kinds), pp)
     elif name == "parameters":
-        parts = ds_utils.partition_balanced(weights=layer_params(config, tp, ep), num_parts=pp)
+        parts = balanced_bounds(layer_params(config, tp, ep), pp)
     elif name.startswith("type:"):
         pattern = re.compile(name.split(":", 1)[1], re.IGNORECASE)
         weights = [1 if pattern.search(kind) else 0 for kind in kinds]
         if not any(weights):
             raise ValueError(f"pipe_partition_method {method!r} matches no layer; layer types "
                              f"are {', '.join(sorted(set(kinds)))}")
-        parts = ds_utils.partition_balanced(weights=weights, num_parts=pp)
+        parts = balanced_bounds(weights, pp)
     else:
         raise ValueError(f"pipe_partition_method {method!r} is not known; valid: uniform, "
                          "parameters, type:<regex>")
     return [range(parts[s], parts[s + 1]) for s in range(pp)]
+
+
+def uniform_bounds(items: int, parts: int) -> list[int]:
+    """Stage boundaries [0, ..., items] for equal counts of items, the first `items % parts`
+    stages holding one more (DeepSpeed's `partition_uniform`; with fewer items than stages,
+    one item per stage and the last stages empty)."""
+    if items <= parts:
+        return [min(p, items) for p in range(parts + 1)]
+    size, extra = divmod(items, parts)
+    return [p * size + min(p, extra) for p in range(parts + 1)]
+
+
+def balanced_bounds(weights: list[int], parts: int) -> list[int]:
+    """Stage boundaries for contiguous stages of even total weight, as DeepSpeed's
+    `partition_balanced` chooses them (a test compares the two): building stage by stage, each
+    prefix of the layers keeps the split with the smallest spread between its heaviest and its
+    lightest stage, the latest such split on a tie."""
+    n = len(weights)
+    if n <= parts:
+        return uniform_bounds(n, parts)
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    inf = float("inf")
+    # best[j][i]: (spread, heaviest, lightest, start of the last stage) for i layers in j stages;
+    # the empty start's lightest is inf, as DeepSpeed's, so that one stage has spread 0
+    best = [[(inf, inf, inf, 0)] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = (0.0, 0.0, inf, 0)
+    for i in range(1, n + 1):
+        for j in range(1, min(i, parts) + 1):
+            for start in range(i):
+                _, heavy, light, _ = best[j - 1][start]
+                stage = prefix[i] - prefix[start]
+                top, bottom = max(heavy, stage), min(light, stage)
+                if best[j][i][0] >= top - bottom:
+                    best[j][i] = (top - bottom, top, bottom, start)
+    bounds = [n]
+    for j in range(parts, 0, -1):
+        bounds.append(best[j][bounds[-1]][3])
+    return bounds[::-1]
 
 
 def params_per_rank(config, tp: int = 1, pp: int = 0, method: str = "type:transformer|mlp",

@@ -18,41 +18,19 @@ GPU tensors and fp32 tensors always take torch's kernels.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
+from megatron.host import cpu_flags, fp32_products  # noqa: F401 (re-exported)
+
 LOW_PRECISION = (torch.bfloat16, torch.float16)
-_AMX_FLAG = {torch.bfloat16: "amx_bf16", torch.float16: "amx_fp16"}
-
-
-@functools.cache
-def _cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def fp32_products(setting: str) -> bool:
-    """Whether `cpu_matmul_precision: <setting>` multiplies bf16 operands on CPU as fp32."""
-    if setting == "auto":
-        return _AMX_FLAG[torch.bfloat16] not in _cpu_flags()
-    if setting in ("fp32", "native"):
-        return setting == "fp32"
-    raise ValueError(f"cpu_matmul_precision must be auto, fp32 or native, not {setting!r}")
 
 
 def describe(setting: str) -> str:
     """The startup line: which kernels multiply bf16/fp16 CPU tensors, and why."""
     why = {"fp32": "cpu_matmul_precision: fp32", "native": "cpu_matmul_precision: native"}.get(
         setting, "cpu_matmul_precision: auto, " + (
-            "the CPU has AMX tiles" if "amx_bf16" in _cpu_flags() else "the CPU has no AMX tiles"))
+            "the CPU has AMX tiles" if "amx_bf16" in cpu_flags() else "the CPU has no AMX tiles"))
     if fp32_products(setting):
         return (f"bf16/fp16 products on CPU tensors run as fp32 products rounded back ({why}); "
                 "set cpu_matmul_precision: native for torch's low-precision kernels")

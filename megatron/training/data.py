@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from megatron.data.loaders import (SampleOptions, build_data_loader,
-                                   build_train_valid_test_datasets)
+from megatron.data.loaders import build_data_loader, build_train_valid_test_datasets
+from megatron.data.options import sample_options, token_paths
 from megatron.monitoring.logger import get_logger
 from megatron.training.objectives import BatchOptions, Objective
 
@@ -29,34 +29,6 @@ def sample_counts(args) -> SampleCounts:
     evals = (t.train_iters // t.eval_interval + 1) if t.eval_interval else 1
     return SampleCounts(train=t.train_iters * gbs, valid=evals * t.eval_iters * gbs,
                         test=t.eval_iters * gbs)
-
-
-def sample_options(args, pad_id: int = 0) -> SampleOptions:
-    """How documents become samples, and the label/reward/rejected files beside the token
-    files, from the data section of the config."""
-    d = args.data
-
-    def triple(kind: str):
-        return tuple(getattr(d, kind.format(split=s)) for s in ("train", "valid", "test"))
-
-    if d.dataset_impl == "pairwise":
-        side = {"neg": triple("neg_{split}_data_paths"),
-                "label": triple("pos_{split}_label_data_paths"),
-                "neg_label": triple("neg_{split}_label_data_paths")}
-    else:
-        side = {"label": triple("{split}_label_data_paths"),
-                "reward": triple("{split}_reward_data_paths")}
-    return SampleOptions(dataset_impl=d.dataset_impl, pack_impl=d.pack_impl,
-                         allow_chopped=d.allow_chopped, pad_id=pad_id,
-                         side_files={k: v for k, v in side.items() if any(p is not None for p in v)})
-
-
-def token_paths(args) -> tuple:
-    """(train, valid, test) token file lists: the chosen side's for pairwise data."""
-    d = args.data
-    if d.dataset_impl == "pairwise":
-        return d.pos_train_data_paths, d.pos_valid_data_paths, d.pos_test_data_paths
-    return d.train_data_paths, d.valid_data_paths, d.test_data_paths
 
 
 def build_datasets(args, counts: SampleCounts, vocab_size: int, pad_id: int = 0):

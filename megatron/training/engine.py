@@ -10,7 +10,7 @@ from megatron.host import check_precision_supported
 from megatron.model.config import ModelConfig
 from megatron.model.fusions import fusion_paths
 from megatron.model.gpt import GPTModel, build_pipeline_model
-from megatron.model.mamba import describe as describe_mamba
+from megatron.model.mamba_paths import describe as describe_mamba
 from megatron.model.precision import kept_in_fp32
 from megatron.model.moe import describe as describe_moe
 from megatron.model.recompute import (Recompute, configure_activation_checkpointing,

@@ -12,7 +12,7 @@ def _mamba_matmul_params(config: ModelConfig) -> int:
     """A Mamba layer's projections (in, x, dt, out), counted like weights; plus the scan's
     work per token as weight-equivalents: per channel and state element, the state update and
     the output product (~3 multiply-adds), and the convolution's taps."""
-    from megatron.model.mamba import CONV_WIDTH, STATE_SIZE, dt_rank
+    from megatron.model.config import CONV_WIDTH, STATE_SIZE, dt_rank
 
     h, c, r = config.hidden_size, config.mamba_inner_size, dt_rank(config.hidden_size)
     projections = 2 * c * h + (r + 2 * STATE_SIZE) * c + r * c + c * h

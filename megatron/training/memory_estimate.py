@@ -302,7 +302,8 @@ def mamba_layer_bytes(config, sb: int, tp: int, e: int, device: str) -> tuple[in
     inputs of every step [tokens, channels, 16] in fp32; the chunked scan one state per 64-step
     chunk; mamba_ssm's kernel recomputes its states. Fitted to the peak memory of real steps
     (tests/training/test_memory_estimate.py)."""
-    from megatron.model.mamba import STATE_SIZE, dt_rank, paths
+    from megatron.model.config import STATE_SIZE, dt_rank
+    from megatron.model.mamba_paths import paths
 
     h, c, n = config.hidden_size, config.mamba_inner_size // tp, STATE_SIZE
     pe = 4 if cpu_fp32_products(config, e, device) else e  # in_proj/x_proj/out_proj inputs

@@ -56,7 +56,7 @@ def test_fp32_tensors_and_the_native_setting_take_torchs_kernel():
 
 def test_settings_resolve_and_auto_follows_the_cpus_amx_flag():
     assert fp32_products("fp32") and not fp32_products("native")
-    assert fp32_products("auto") == ("amx_bf16" not in products._cpu_flags())
+    assert fp32_products("auto") == ("amx_bf16" not in products.cpu_flags())
     with pytest.raises(ValueError, match="auto, fp32 or native, not 'fast'"):
         fp32_products("fast")
     assert describe("native").endswith("torch's low-precision kernels (cpu_matmul_precision: "

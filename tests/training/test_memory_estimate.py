@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ import torch
 from megatron.model.config import model_config_from_args
 from megatron.model.gpt import GPTModel, build_pipeline_model
 from megatron.model.kv_cache import kv_cache_bytes
-from megatron.model.param_count import params_per_rank
+from megatron.model.param_count import balanced_bounds, params_per_rank, uniform_bounds
 from megatron.mpu.groups import TensorParallel
 from megatron.neox_arguments import NeoXArgs
 from megatron.training.memory_check import check_memory
@@ -105,6 +106,24 @@ def test_parameter_count_per_pipeline_stage_equals_deepspeeds_partition(tied):
     measured = run_distributed(_stage_params, 2, config, 2, methods)
     for method in methods:
         assert [m[method] for m in measured] == params_per_rank(config, 1, 2, method), method
+
+
+def test_stage_boundaries_are_deepspeeds_for_any_weights():
+    """deepy.py partitions the layers without importing DeepSpeed (and torch); it must choose
+    DeepSpeed's stages, ties included: zero/one weights as type:<regex> gives, parameter counts,
+    repeated values, more stages than layers."""
+    from deepspeed.runtime import utils as ds_utils
+
+    rng = random.Random(0)
+    for trial in range(600):
+        n, parts = rng.randint(1, 24), rng.randint(1, 8)
+        weights = [[rng.randint(0, 1) for _ in range(n)],
+                   [rng.randint(1, 10**9) for _ in range(n)],
+                   [rng.choice([0, 5, 5, 7]) for _ in range(n)]][trial % 3]
+        assert balanced_bounds(weights, parts) == [
+            int(b) for b in ds_utils.partition_balanced(weights=weights, num_parts=parts)], weights
+        assert uniform_bounds(n, parts) == ds_utils.partition_uniform(num_items=n,
+                                                                      num_parts=parts)
 
 
 def test_full_size_count_is_pythias_6_9b():
