@@ -16,6 +16,12 @@ from pathlib import Path
 WRITE_ADVICE = "choose a directory this user can write to"
 
 
+def _file_in_the_way(key: str, path: Path, existing: Path) -> ValueError:
+    """The error for a path whose nearest existing part, `existing`, is a file."""
+    where = f"{path} is" if existing == path else f"{path} cannot be made: {existing} is"
+    return ValueError(f"{key}: {where} a file, not a directory; choose another path")
+
+
 def check_writable(key: str, directory: str | Path) -> None:
     """`directory` (from config key or option `key`) is a directory this process can write in,
     or can be created: a directory made and removed at once in its nearest existing ancestor
@@ -25,8 +31,7 @@ def check_writable(key: str, directory: str | Path) -> None:
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        where = f"{path} is" if existing == path else f"{path} cannot be made: {existing} is"
-        raise ValueError(f"{key}: {where} a file, not a directory; choose another path")
+        raise _file_in_the_way(key, path, existing)
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".write-check-", dir=existing))
     except OSError as err:
@@ -39,7 +44,7 @@ def make_output_dir(path: str | Path, what: str) -> None:
     """Create the directory `path` (with its parents) for outputs the option `what` names; a
     failure is one message naming both."""
     if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"{what}: {path} is a file, not a directory; choose another path")
+        raise _file_in_the_way(what, Path(path), Path(path))
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as err:

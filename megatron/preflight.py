@@ -124,14 +124,14 @@ def _check_inference_inputs(args, script: str, tokenizer) -> None:
     eval_tasks names (registry names are looked up by the workers, whose lm-eval scans its
     registry)."""
     if script == "generate.py":
-        from megatron.text_generation.prompts import check_lengths, read_prompts
+        from megatron.text_generation.prompts import check_lengths, prompt_tokens, read_prompts
 
         tg, mode = args.text_generation, args.derived.text_gen_type
         if mode == "interactive":
             return  # each prompt is checked as it is read
         texts = (read_prompts(tg.sample_input_file, tg.prompt_end, warn=False)
                  if mode == "input-file" else [""])
-        check_lengths([len(tokenizer.tokenize(t)) or 1 for t in texts], tg.maximum_tokens,
+        check_lengths([len(prompt_tokens(tokenizer, t)) for t in texts], tg.maximum_tokens,
                       args.model.max_position_embeddings)
         return
     from megatron.evaluation.lm_eval_version import require_lm_eval

@@ -27,7 +27,7 @@ from typing import TextIO
 from megatron.monitoring.logger import get_logger, print_rank_0
 from megatron.text_generation.checks import validate_stop_ids, validate_stop_strings
 from megatron.text_generation.generation import cut_at_stop, generate, stop_string_checker
-from megatron.text_generation.prompts import check_lengths, read_prompts
+from megatron.text_generation.prompts import check_lengths, prompt_tokens, read_prompts
 from megatron.text_generation.runtime import InferenceRuntime, inference_runtime
 from megatron.text_generation.sampling import SamplingParams, seeded_generators
 
@@ -46,7 +46,7 @@ class _Sampler:
         self.text_stop = stop_string_checker(self.stop_strings, tok.detokenize)
 
     def encode(self, text: str) -> list[int]:
-        return self.tok.tokenize(text) or [self.tok.eod]
+        return prompt_tokens(self.tok, text)
 
     def check(self, prompts: list[list[int]], first_index: int = 0) -> None:
         check_lengths([len(p) for p in prompts], self.tg.maximum_tokens,  # A14

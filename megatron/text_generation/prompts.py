@@ -29,6 +29,12 @@ def read_prompts(path: str, prompt_end: str, warn: bool = True) -> list[str]:
     return prompts
 
 
+def prompt_tokens(tokenizer, text: str) -> list[int]:
+    """The token ids generation starts from: an empty prompt is one end-of-text token, the
+    start of a new document (unconditional generation)."""
+    return tokenizer.tokenize(text) or [tokenizer.eod]
+
+
 def check_lengths(prompt_lengths: list[int], max_new_tokens: int, max_positions: int,
                   first_index: int = 0) -> None:
     """A14: prompt + max_new_tokens must fit max_position_embeddings; the error names the
