@@ -148,7 +148,6 @@ def launch_in_process(script: str, *argv: str) -> subprocess.CompletedProcess:
     that kills one or expects one to fail alone runs deepy.py."""
     import contextlib
     import io
-    import logging
     import tempfile
 
     from megatron.entry import USER_ERRORS, split_command_line
@@ -162,9 +161,7 @@ def launch_in_process(script: str, *argv: str) -> subprocess.CompletedProcess:
     from tests.distributed import run_distributed
 
     launcher_out, launcher_err = io.StringIO(), io.StringIO()  # what deepy.py would print
-    setup_logging()
-    handler = next(h for h in logging.getLogger("megatron").handlers if hasattr(h, "_megatron"))
-    stream = handler.setStream(launcher_err)
+    setup_logging()  # its handler writes to the sys.stderr of the moment: launcher_err below
     try:
         with contextlib.redirect_stdout(launcher_out), contextlib.redirect_stderr(launcher_err):
             files, overrides = split_command_line(list(argv))
@@ -178,8 +175,6 @@ def launch_in_process(script: str, *argv: str) -> subprocess.CompletedProcess:
         return subprocess.CompletedProcess([script, *argv], 1, launcher_out.getvalue(),
                                            f"{launcher_err.getvalue()}error: "
                                            f"{describe_error(err)}\n")
-    finally:
-        handler.setStream(stream)
     launch_id = new_launch_id()
     env = {**clean_env(), **plan.env, LAUNCH_ID_VAR: launch_id}
     name_cpu_accelerator(env)

@@ -30,6 +30,19 @@ def global_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes each record to sys.stderr as it is then, not as it was at setup: a redirect
+    (contextlib.redirect_stderr, a test's capture) is followed, and a stream closed since is
+    never written to."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+
 def setup_logging(level: int | str = logging.INFO, all_ranks: bool = False) -> None:
     """Send the project's log records to stderr; ranks other than 0 log warnings and up only.
 
@@ -41,7 +54,7 @@ def setup_logging(level: int | str = logging.INFO, all_ranks: bool = False) -> N
         level = logging.getLevelName(level.upper())
     handler = _handler(root)
     if handler is None:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler._megatron = True  # type: ignore[attr-defined]
         root.addHandler(handler)
     handler._megatron_settings = (level, all_ranks)  # type: ignore[attr-defined]

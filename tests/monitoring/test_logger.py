@@ -40,3 +40,33 @@ def test_deepspeed_logger_lines_take_the_projects_form(monkeypatch):
     line = stream.getvalue().strip()
     assert line.startswith("[rank 3] [") and \
         line.endswith("] [WARNING] [deepspeed] **** BF16 gradient accumulation is not safe ****")
+
+
+def test_log_lines_go_to_the_stderr_of_the_moment_not_the_one_at_setup(monkeypatch):
+    """Set up while stderr was one stream (a test's capture, a redirect), the handler must not
+    keep writing there once it is closed: each line goes to sys.stderr as it is then."""
+    import contextlib
+    import io
+
+    from megatron.monitoring.logger import get_logger, setup_logging
+
+    root = logging.getLogger("megatron")  # restored after: other tests rely on propagation
+    saved = (list(root.handlers), root.propagate, root.level)
+    monkeypatch.delenv("RANK", raising=False)
+    first, second = io.StringIO(), io.StringIO()
+    try:
+        root.handlers[:] = []
+        with contextlib.redirect_stderr(first):
+            setup_logging()
+            get_logger("tests.a").info("one")
+        first.close()
+        with contextlib.redirect_stderr(second):
+            get_logger("tests.a").info("two")
+            setup_logging()  # a second setup keeps the one handler
+            get_logger("tests.a").warning("three")
+    finally:
+        root.handlers[:], root.propagate = saved[0], saved[1]
+        root.setLevel(saved[2])
+    lines = second.getvalue().splitlines()
+    assert [line.split("] ", 3)[-1] for line in lines] == ["two", "three"], lines
+    assert "[INFO] [megatron.tests.a]" in lines[0]
