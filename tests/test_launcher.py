@@ -1,6 +1,7 @@
 """Launch plans built from configs: argv for DeepSpeed's launcher, hostfiles, env export (A2)."""
 
 import os
+import shutil
 import socket
 
 import pytest
@@ -116,7 +117,7 @@ def test_mpi_launch_runs_the_whole_hostfile_on_every_host(tmp_path):
     assert plan.local.ranks == (0, 1) and plan.world_size == 2
 
 
-def test_unset_master_port_picks_a_free_one_here_and_29500_with_a_hostfile(tmp_path):
+def test_unset_master_port_picks_a_free_one_here():
     with socket.socket() as busy:  # whoever holds GPT-NeoX's default port, a local run avoids it
         try:
             busy.bind(("127.0.0.1", 29500))
@@ -128,13 +129,23 @@ def test_unset_master_port_picks_a_free_one_here_and_29500_with_a_hostfile(tmp_p
         # outside the kernel's ephemeral range: mpirun's daemon, started after the pick, once
         # got the same port for its own listener by binding port 0, and rank 0 waited forever
         assert plan.master_port not in ephemeral_ports()
-        # with a hostfile every node must agree on the port: GPT-NeoX's, busy here or not
-        hostfile = tmp_path / "hosts"
-        hostfile.write_text("n0 slots=1\nn1 slots=1\n")
-        plan = plan_launch(args(hostfile=hostfile, num_gpus=1), "train.py")  # pdsh
-        assert plan.master_port == 29500 and plan.pdsh.master_port == 29500
+
+
+def test_unset_master_port_is_29500_with_a_hostfile(tmp_path):
+    """Every node must agree on the port: GPT-NeoX's, busy here or not."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n0 slots=1\nn1 slots=1\n")
+    with socket.socket() as busy:
+        try:
+            busy.bind(("127.0.0.1", 29500))
+        except OSError:
+            pass  # held by someone else already: just as good
         plan = plan_launch(args(hostfile=hostfile, num_gpus=1, launcher="slurm"), "train.py")
         assert flag(plan.argv, "master_port") == "29500" and plan.master_port == 29500
+        if shutil.which("pdsh") is None:  # plan_launch refuses the pdsh launcher without it
+            pytest.skip("pdsh is not installed (apt-get install pdsh): its plan is not checked")
+        plan = plan_launch(args(hostfile=hostfile, num_gpus=1), "train.py")  # pdsh
+        assert plan.master_port == 29500 and plan.pdsh.master_port == 29500
 
 
 def test_a_busy_master_port_set_explicitly_is_refused_with_the_key_to_change():

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from megatron.model.config import ModelConfig
+from megatron.model.config import CONV_WIDTH, STATE_SIZE, ModelConfig, dt_rank
 from megatron.model.hf_mapping import take
-from megatron.model.config import CONV_WIDTH, STATE_SIZE, dt_rank
 
 MODEL_TYPE = "mamba"
 STATE_SPACE = True  # hf_mapping: no attention layers, no rotary positions

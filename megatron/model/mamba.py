@@ -46,8 +46,8 @@ from torch import nn
 
 from megatron.model import selective_scan as scan
 from megatron.model.config import CONV_WIDTH, STATE_SIZE, dt_rank
-from megatron.model.mamba_paths import kernels, paths
 from megatron.model.init import init_methods, layer_generator
+from megatron.model.mamba_paths import kernels, paths
 from megatron.model.norms import build_norm
 from megatron.mpu.groups import NO_TP, TensorParallel
 from megatron.mpu.layers import ColumnParallelLinear, RowParallelLinear, shard

@@ -74,9 +74,14 @@ def refresh_rank() -> None:
     root.setLevel(level if (rank == 0 or all_ranks) else max(logging.WARNING, level))
     prefix = f"[rank {rank}] " if "RANK" in os.environ else ""
     handler.setFormatter(logging.Formatter(prefix + _FORMAT, datefmt="%H:%M:%S"))
-    # DeepSpeed's own logger (once deepspeed is imported) writes its lines in the same form
-    for ds_handler in logging.getLogger("DeepSpeed").handlers:
-        ds_handler.setFormatter(logging.Formatter(
+    # DeepSpeed's own logger (once deepspeed is imported) writes its lines in the same form and
+    # to stderr, not to the stdout its handler has: the launcher merges the warnings that every
+    # rank prints alike on stderr only (megatron.launching.merge)
+    ds = logging.getLogger("DeepSpeed")
+    if ds.handlers:
+        ds_handler = next((h for h in ds.handlers if isinstance(h, _StderrHandler)), None)
+        ds.handlers[:] = [ds_handler or _StderrHandler()]
+        ds.handlers[0].setFormatter(logging.Formatter(
             prefix + _FORMAT.replace("%(name)s", "deepspeed"), datefmt="%H:%M:%S"))
 
 

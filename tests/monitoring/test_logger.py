@@ -16,16 +16,16 @@ def test_deepspeed_prints_become_debug_lines(capsys, caplog):
         (logging.DEBUG, "steps: 10 loss: 7.9269 iter time (s): 0.065")]
 
 
-def test_deepspeed_logger_lines_take_the_projects_form(monkeypatch):
+def test_deepspeed_logger_lines_take_the_projects_form_on_stderr(monkeypatch, capsys):
     """DeepSpeed's own warnings (e.g. its bf16 accumulation notice) print as '[rank N] [time]
-    [WARNING] [deepspeed] ...', like every other line, so the launcher merges them across ranks."""
-    import io
+    [WARNING] [deepspeed] ...' on stderr, like every other line, so the launcher merges them
+    across ranks; DeepSpeed's handler writes to stdout, which the launcher does not merge."""
+    import sys
 
     from megatron.monitoring.logger import setup_logging
 
-    stream = io.StringIO()
     ds = logging.getLogger("DeepSpeed")
-    handler = logging.StreamHandler(stream)
+    handler = logging.StreamHandler(sys.stdout)  # what deepspeed.utils.logging installs
     handler.setFormatter(logging.Formatter("[%(asctime)s] [%(levelname)s] [%(filename)s] %(message)s"))
     monkeypatch.setattr(ds, "handlers", [handler])
     root = logging.getLogger("megatron")  # restored after: other tests rely on propagation
@@ -33,11 +33,14 @@ def test_deepspeed_logger_lines_take_the_projects_form(monkeypatch):
     monkeypatch.setenv("RANK", "3")
     try:
         setup_logging()
+        setup_logging()  # again: still one handler
         ds.warning("**** BF16 gradient accumulation is not safe ****")
     finally:
         root.handlers[:], root.propagate = saved[0], saved[1]
         root.setLevel(saved[2])
-    line = stream.getvalue().strip()
+    out, err = capsys.readouterr()
+    assert out == "" and len(ds.handlers) == 1
+    line = err.strip()
     assert line.startswith("[rank 3] [") and \
         line.endswith("] [WARNING] [deepspeed] **** BF16 gradient accumulation is not safe ****")
 
