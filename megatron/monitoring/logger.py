@@ -11,6 +11,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 import sys
 import warnings
 
@@ -109,6 +110,22 @@ def deepspeed_prints():
         lines = [line for line in buffer.getvalue().splitlines() if line.strip()]
         if lines:
             get_logger("deepspeed").debug("%s", "\n".join(lines))
+
+
+@contextlib.contextmanager
+def deepspeed_warnings_hidden(patterns: tuple[str, ...]):
+    """Drop the records of DeepSpeed's logger that match one of `patterns` (regular
+    expressions) inside the block: warnings that do not apply to this run's config."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not any(re.search(p, record.getMessage()) for p in patterns)
+
+    ds = logging.getLogger("DeepSpeed")
+    ds.addFilter(keep)
+    try:
+        yield
+    finally:
+        ds.removeFilter(keep)
 
 
 # third-party warnings that say nothing to the user, once per rank: DeepSpeed 0.19's ZeRO 1/2

@@ -11,11 +11,12 @@ from megatron.model.config import ModelConfig
 from megatron.model.fusions import fusion_paths
 from megatron.model.gpt import GPTModel, build_pipeline_model
 from megatron.model.mamba_paths import describe as describe_mamba
-from megatron.model.precision import kept_in_fp32
 from megatron.model.moe import describe as describe_moe
+from megatron.model.precision import kept_in_fp32
 from megatron.model.recompute import (Recompute, configure_activation_checkpointing,
                                       idle_checkpointing_options)
-from megatron.monitoring.logger import deepspeed_prints, get_logger, hide_foreign_deprecations
+from megatron.monitoring.logger import (deepspeed_prints, deepspeed_warnings_hidden, get_logger,
+                                       hide_foreign_deprecations)
 from megatron.mpu.deepspeed_adapter import DeepSpeedMPU
 from megatron.mpu.groups import ProcessGroups, TensorParallel
 from megatron.mpu.initialize import disable_deepspeed_shm_allreduce
@@ -30,6 +31,9 @@ from megatron.training.optimizers import build_optimizer, state_keys
 from megatron.training.step import ObjectiveLoss
 
 log = get_logger(__name__)
+
+# DeepSpeed's warnings about gradient accumulation, which a step of one micro-batch does not do
+NO_ACCUMULATION_WARNINGS = (r"BF16 gradient accumulation is not safe",)
 
 
 @dataclass
@@ -116,8 +120,11 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
     if kept and args.derived.precision != "fp32":
         log.info("mamba_selective_fp32_params: %d Mamba parameters (A_log, D) stay fp32 in this "
                  "%s run, in optimizer groups of their own", kept, args.derived.precision)
-    # deepspeed_prints: its bf16 optimizer prints memory usage 6 times, as debug lines
-    with deepspeed_prints(), fp32_through_engine_cast(model):
+    # deepspeed_prints: its bf16 optimizer prints memory usage 6 times, as debug lines.
+    # DeepSpeed warns that bf16 gradients accumulate in bf16 whenever a pipeline engine runs
+    # bf16; with one micro-batch per step nothing accumulates, and the warning is noise.
+    hidden = (NO_ACCUMULATION_WARNINGS if args.derived.gradient_accumulation_steps == 1 else ())
+    with deepspeed_prints(), deepspeed_warnings_hidden(hidden), fp32_through_engine_cast(model):
         engine, _, _, _ = deepspeed.initialize(
             model=model,
             optimizer=optimizer,
