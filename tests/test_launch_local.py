@@ -39,6 +39,8 @@ def test_death_lines_name_rank_host_and_signal_or_status():
     here = local_launch({"node-a": [0, 1], "node-b": [0, 1]}, 1, "a", 1)
     assert death_line(here, 1, -signal.SIGKILL) == \
         "worker rank 3 (local rank 1) on node-b died: killed by SIGKILL"
+    assert death_line(here, [1, 0], 1) == "worker ranks 2-3 (local ranks 0-1) on node-b died: " \
+        "exited with status 1"
     assert death_line(here, 0, 1) == "worker rank 2 (local rank 0) on node-b died: exited with " \
                                      "status 1"
     assert exit_description(-200) == "killed by signal 200"  # no name: the number
@@ -138,6 +140,21 @@ def test_a_failed_worker_is_reported_and_the_other_is_stopped(capfd, monkeypatch
     assert [line for line in err.splitlines() if " died: " in line] == [
         f"worker rank 1 (local rank 1) on {socket.gethostname()} died: exited with status 3"]
     assert "stopping the other 1 worker(s)" in err and tagged("t-launch-1") == []
+
+
+def test_workers_failing_alike_print_their_error_once_then_one_death_line(capfd):
+    """An error every rank meets (a config value the workers refuse) ends each worker with the
+    same line: deepy.py prints it once with the ranks, and one line for their deaths, after it."""
+    here = local_launch({"localhost": [0, 1]}, 0, "127.0.0.1", 1)
+    script = ("import os, sys, time\nif os.environ['LOCAL_RANK'] == '1': time.sleep(0.3)\n"
+              "print(f'error (rank {os.environ[\"RANK\"]} on vm): no such task', file=sys.stderr)\n"
+              "sys.exit(1)")
+    status = run_local([sys.executable, "-c", script], dict(os.environ), here, 600, "t-launch-3")
+    err = capfd.readouterr().err
+    assert status == 1
+    assert err.splitlines() == [
+        "error (ranks 0-1 on vm): no such task",
+        f"worker ranks 0-1 (local ranks 0-1) on {socket.gethostname()} died: exited with status 1"]
 
 
 def test_workers_that_stop_on_their_own_signal_are_not_deaths(capfd):

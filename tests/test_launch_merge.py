@@ -36,6 +36,21 @@ def test_warnings_alike_are_printed_once_with_their_ranks_and_other_lines_at_onc
                                                "[ranks 1-2] [12:00:05] [WARNING] [a] two of four"]
 
 
+def test_the_error_workers_end_on_is_printed_once_with_their_ranks_and_hosts():
+    out = io.StringIO()
+    merger = WarningMerger(out, range(4), window=0.3)
+    merger.feed(0, "error (rank 0 on node-a): unknown lm-eval task 'x'")
+    merger.feed(1, "error (rank 1 on node-a): unknown lm-eval task 'x'")
+    assert out.getvalue() == ""  # held until every rank said it, or the window passed
+    merger.feed(None, "node-b: error (ranks 2-3 on node-b): unknown lm-eval task 'x'")  # pdsh
+    merger.feed(2, "error (rank 2 on node-b): data file d.bin is gone")
+    merger.flush()  # what is held comes out now (before a death is reported)
+    assert out.getvalue().splitlines() == [
+        "error (ranks 0-3 on node-a, node-b): unknown lm-eval task 'x'",
+        "error (rank 2 on node-b): data file d.bin is gone"]
+    merger.close()
+
+
 # as a worker's stderr shows it when torch's store client cannot reach the master (torch 2.13)
 CPP_ERROR = """\
 [W1127 07:35:40.796798426 TCPStore.cpp:340] [c10d] TCP client failed to connect/validate to host 127.0.0.1:27931 - retrying (try=0, timeout=6000ms, delay=4598ms): The client socket has timed out after 6000ms while trying to connect to (127.0.0.1, 27931).

@@ -82,6 +82,10 @@ def test_pdsh_reports_read_as_one_line_and_the_first_death_sets_the_status():
     assert nodes.line("pdsh@head: a: ssh exited with exit code 1") == \
         "node a ended with exit status 1"
     assert nodes.first_failure == 137  # rank 0's error followed the death of rank 1
+    shared = pdsh._Nodes(pdsh.PdshLaunch({"a": [0, 1]}, "a", 29500, 60.0), "id", {})
+    assert shared.line("a: worker ranks 0-1 (local ranks 0-1) on a died: exited with status "
+                       "1") is None
+    assert shared.first_failure == 1  # two workers that died alike, in one line
     line, status = pdsh.describe_node_exit("pdsh@head: c: ssh exited with exit code 255")
     assert status == 255 and "check passwordless ssh to c (`ssh c hostname`)" in line
     calm = pdsh._Nodes(pdsh.PdshLaunch({"a": [0]}, "a", 29500, 60.0), "id", {})

@@ -9,10 +9,12 @@ die (Linux's parent-death signal), so none outlives it. Their stdout and stderr 
 through pipes and are printed as they come, except that a warning several ranks print alike is
 printed once, naming them (megatron.launching.merge).
 
-When a worker fails on its own, one line per failed worker says which, where and how:
+When a worker fails on its own, one line says which, where and how, after the error it ended on;
+workers that fail alike at once (the same error on every rank) share the line:
 
     worker rank 1 (local rank 1) on node-a died: killed by SIGKILL
-    worker rank 0 (local rank 0) on node-a died: exited with status 1
+    error (ranks 0-1 on node-a): unknown lm-eval task 'lambada_opnai' (...)
+    worker ranks 0-1 (local ranks 0-1) on node-a died: exited with status 1
 
 and the others are stopped: SIGTERM, FAILURE_GRACE_SECONDS, then SIGKILL (they cannot save
 without the dead one: a checkpoint is written by all ranks together). A worker that exits with
@@ -43,11 +45,13 @@ from megatron.host import cuda_available
 from megatron.launching.merge import WarningMerger, pipe_lines
 from megatron.launching.stopping import (LAUNCH_ID_VAR, DeepySignals, exit_description, send,
                                          shell_status)
+from megatron.monitoring.logger import who
 from megatron.monitoring.progress import ENV as PROGRESS_ENV
 from megatron.safety.signals import STOP_STATUSES
 
 FAILURE_GRACE_SECONDS = 30.0
 READER_WAIT_SECONDS = 5.0  # for the workers' last output once they ended
+DEATH_WAIT_SECONDS = 1.0  # for other workers failing alike, and the dead ones' last output
 PREEMPTED = STOP_STATUSES  # a worker's own orderly stop (megatron.safety.signals)
 POLL_SECONDS = 0.2
 PR_SET_PDEATHSIG = 1
@@ -104,9 +108,12 @@ def worker_env(base: dict[str, str], launch: LocalLaunch, local_rank: int,
     return env
 
 
-def death_line(launch: LocalLaunch, local_rank: int, returncode: int) -> str:
-    return (f"worker rank {launch.ranks[local_rank]} (local rank {local_rank}) on {launch.host} "
-            f"died: {exit_description(returncode)}")
+def death_line(launch: LocalLaunch, local_ranks: int | list[int], returncode: int) -> str:
+    """'worker rank 3 (local rank 1) on node-b died: killed by SIGKILL'; for several workers
+    that ended alike, 'worker ranks 2-3 (local ranks 0-1) on node-b died: ...'."""
+    local = [local_ranks] if isinstance(local_ranks, int) else sorted(local_ranks)
+    return (f"worker {who([launch.ranks[r] for r in local])} (local {who(local)}) on "
+            f"{launch.host} died: {exit_description(returncode)}")
 
 
 def run_local(argv: list[str], env: dict[str, str], launch: LocalLaunch, grace_seconds: float,
@@ -116,8 +123,8 @@ def run_local(argv: list[str], env: dict[str, str], launch: LocalLaunch, grace_s
     `abort_signal` (the node launcher of a pdsh launch: SIGUSR1) says that a worker on another
     node failed: the workers here are stopped as after a local worker's death."""
     procs: list[subprocess.Popen] = []
-    watch = _Watch(launch, procs)
     output = _Output(launch.ranks)
+    watch = _Watch(launch, procs, output)
     if sys.stderr.isatty() and PROGRESS_ENV not in env:
         env = {**env, PROGRESS_ENV: "1"}  # rank 0's bars reach this terminal through the pipe
     previous = signal.signal(abort_signal, watch.note_abort) if abort_signal else None
@@ -142,7 +149,7 @@ class _Output:
 
     def __init__(self, ranks):
         self.merger = WarningMerger(sys.stderr, ranks)
-        self.readers: list[threading.Thread] = []
+        self.readers: list[tuple[int, threading.Thread]] = []  # (rank, reader)
 
     @contextlib.contextmanager
     def pipes(self, rank: int):
@@ -161,13 +168,23 @@ class _Output:
             reader = threading.Thread(target=pipe_lines, args=(r, out, merger, rank),
                                       name=f"output-rank{rank}", daemon=True)
             reader.start()
-            self.readers.append(reader)
+            self.readers.append((rank, reader))
+
+    def settle(self, ranks: set[int]) -> None:
+        """Before the deaths of `ranks` are reported: their last output read (briefly: a child
+        of theirs may hold a pipe open) and every line held printed, so that the error a worker
+        ended on comes before the line saying it died."""
+        deadline = time.monotonic() + DEATH_WAIT_SECONDS
+        for rank, reader in self.readers:
+            if rank in ranks:
+                reader.join(max(0.0, deadline - time.monotonic()))
+        self.merger.flush()
 
     def close(self) -> None:
         """Wait briefly for what the workers wrote last (a leftover child holding a pipe open is
         swept by the launcher), then print the warnings still held."""
         deadline = time.monotonic() + READER_WAIT_SECONDS
-        for reader in self.readers:
+        for _rank, reader in self.readers:
             reader.join(max(0.0, deadline - time.monotonic()))
         self.merger.close()
 
@@ -175,8 +192,8 @@ class _Output:
 class _Watch:
     """Polls the workers: reports failures, stops the rest, kills at the deadline."""
 
-    def __init__(self, launch: LocalLaunch, procs: list[subprocess.Popen]):
-        self.launch, self.procs = launch, procs
+    def __init__(self, launch: LocalLaunch, procs: list[subprocess.Popen], output: _Output):
+        self.launch, self.procs, self.output = launch, procs, output
         self.ended: set[int] = set()
         self.first_failure = 0
         self.deadline: float | None = None
@@ -205,10 +222,33 @@ class _Watch:
         return 128 + signals.signum if signals.signum else self.first_failure
 
     def _note_ended(self, orderly: bool) -> int:
-        """Record workers that ended since the last poll; print a line per failure."""
-        deaths = 0
+        """Record workers that ended since the last poll; print a line per way of failing.
+        Workers failing alike within DEATH_WAIT_SECONDS of the first (an error every rank
+        meets) share the line, after the error they ended on; one ending otherwise meanwhile
+        (failing because its peer is gone) is left to be stopped with the rest."""
+        deaths = self._ended_since_last_poll(orderly)
+        if not deaths:
+            return 0
+        deadline = time.monotonic() + DEATH_WAIT_SECONDS
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS / 4)
+        for returncode, local_ranks in self._ended_since_last_poll(orderly, set(deaths)).items():
+            deaths[returncode].extend(local_ranks)
+        self.output.settle({self.launch.ranks[r] for group in deaths.values() for r in group})
+        for returncode, local_ranks in deaths.items():
+            print(death_line(self.launch, local_ranks, returncode), file=sys.stderr, flush=True)
+        return sum(len(group) for group in deaths.values())
+
+    def _ended_since_last_poll(self, orderly: bool,
+                               only: set[int] | None = None) -> dict[int, list[int]]:
+        """{returncode: local ranks} of the workers that failed since the last look (none when
+        `orderly`: a stop deepy.py asked for), recording every worker that ended (with `only`,
+        those that ended with one of these return codes)."""
+        deaths: dict[int, list[int]] = {}
         for local_rank, proc in enumerate(self.procs):
             if local_rank in self.ended or proc.poll() is None:
+                continue
+            if only is not None and proc.returncode not in only:
                 continue
             self.ended.add(local_rank)
             if proc.returncode == 0:
@@ -216,9 +256,7 @@ class _Watch:
             status = shell_status(proc.returncode)
             self.first_failure = self.first_failure or status
             if not orderly and status not in PREEMPTED:
-                print(death_line(self.launch, local_rank, proc.returncode), file=sys.stderr,
-                      flush=True)
-                deaths += 1
+                deaths.setdefault(proc.returncode, []).append(local_rank)
         return deaths
 
     def _stop_the_rest(self, what: str) -> None:

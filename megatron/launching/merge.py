@@ -11,7 +11,11 @@ once, naming the ranks; everything else passes through as it comes.
 A warning line (this project's `[WARNING]` / `[ERROR]` log lines, DeepSpeed's, any line with
 `Warning:`) is held up to `window` seconds, or until every rank has printed it, and then printed
 once with the ranks that printed it; its text without the rank and the time stamps is what makes
-two lines alike. A line from one rank only keeps its own `[rank R]`. Lines may come behind a
+two lines alike. A line from one rank only keeps its own `[rank R]`. A worker's last line, the
+error that ended it (`error (rank 3 on node-b): ...`, megatron.entry), is merged the same way:
+
+    error (ranks 0-7 on node-a, node-b): unknown lm-eval task 'lambada_opnai' (...)
+ Lines may come behind a
 launcher's `host: ` prefix (pdsh) and may name several ranks already (`[ranks 0-3]`, a node
 launcher's merge); the merged line names every rank, without the host.
 
@@ -36,9 +40,11 @@ from typing import Iterable, TextIO
 from megatron.monitoring.logger import who
 
 WINDOW_SECONDS = 1.0
-HOST_PREFIX = re.compile(r"^(?P<host>[\w.\-]+): (?=\[)")
+HOST_PREFIX = re.compile(r"^(?P<host>[\w.\-]+): (?=\[|error \(ranks? )")
 RANKS_PREFIX = re.compile(r"^\[ranks? (?P<ranks>[\d, \-]+)\] ")
 STAMPS = re.compile(r"^(?:\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)?\] |\[\d\d:\d\d:\d\d\] )")
+# the line a worker ends on after a user error (megatron.entry.run_entry)
+WORKER_ERROR = re.compile(r"^error \(ranks? (?P<ranks>[\d, \-]+) on (?P<hosts>[^)]*)\): ")
 WARNING = re.compile(r"\[(?:WARNING|ERROR)\]|\bWarning: ")
 CPP_BACKTRACE = re.compile(r"^(?:[\w.\-]+: )?(?:frame #\d+: |<omitting python frames>$|"
                            r"Exception raised from .* \(most recent call first\):$)")
@@ -87,25 +93,38 @@ class WarningMerger:
         ranks, stamp, text = split_line(line)
         if not self.cpp_backtraces and CPP_BACKTRACE.match(text):
             return
+        hosts = set()
+        error = WORKER_ERROR.match(text)
+        if error:
+            ranks = parse_ranks(error["ranks"])
+            hosts = {h.strip() for h in error["hosts"].split(",")}
+            text = "error: " + text[error.end():]
         ranks = ranks or ({rank} if rank is not None else None)
-        if not ranks or not WARNING.search(text):
+        if not ranks or not (error or WARNING.search(text)):
             self._write(line)
             return
         with self._lock:
             entry = self._held.get(text)
             if entry is None:
-                self._held[text] = [set(ranks), stamp, line, time.monotonic() + self.window]
+                self._held[text] = [set(ranks), stamp, line, time.monotonic() + self.window,
+                                    hosts]
             else:
                 entry[0] |= ranks
+                entry[4] |= hosts
             if self._held[text][0] >= self.expected:
+                self._print(text, self._held.pop(text))
+
+    def flush(self) -> None:
+        """Print every line held now, with the ranks seen so far (before a worker's death is
+        reported, so that its last words come first)."""
+        with self._lock:
+            for text in list(self._held):
                 self._print(text, self._held.pop(text))
 
     def close(self) -> None:
         self._stop.set()
         self._timer.join()
-        with self._lock:
-            for text in list(self._held):
-                self._print(text, self._held.pop(text))
+        self.flush()
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self.window / 4):
@@ -115,8 +134,14 @@ class WarningMerger:
                     self._print(text, self._held.pop(text))
 
     def _print(self, text: str, entry: list) -> None:
-        ranks, stamp, first, _ = entry
-        self._write(first if len(ranks) == 1 else f"[{who(sorted(ranks))}] {stamp}{text}")
+        ranks, stamp, first, _, hosts = entry
+        if len(ranks) == 1:
+            self._write(first)
+        elif hosts:  # a worker's error: "error (ranks 0-3 on a, b): ..."
+            self._write(f"error ({who(sorted(ranks))} on {', '.join(sorted(hosts))}): "
+                        f"{text[len('error: '):]}")
+        else:
+            self._write(f"[{who(sorted(ranks))}] {stamp}{text}")
 
     def _write(self, line: str) -> None:
         self.out.write(line + "\n")

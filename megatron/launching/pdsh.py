@@ -50,7 +50,8 @@ NODE_EXIT = re.compile(r"^pdsh@\S+: (?P<host>\S+): ssh exited with exit code (?P
 SSH_UNREACHABLE = 255
 # a node launcher's line for a dead worker (megatron.launching.local.death_line), behind pdsh's
 # "node-b: " prefix
-DEATH = re.compile(r"worker rank \d+ \(local rank \d+\) on \S+ died: (?:killed by (?P<sig>SIG\w+)|"
+DEATH = re.compile(r"worker ranks? [\d, \-]+ \(local ranks? [\d, \-]+\) on \S+ died: "
+                   r"(?:killed by (?P<sig>SIG\w+)|"
                    r"exited with status (?P<rc>\d+))")
 
 

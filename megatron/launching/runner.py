@@ -99,6 +99,8 @@ def relay(stream, out, redactor: Redactor,
         if text == "":  # a report that says nothing here (dropped)
             return
         if merger is not None:
+            if text is not None:  # a death: the errors held so far come before it
+                merger.flush()
             merger.feed(None, line if text is None else text)
         else:
             out.write((line if text is None else text) + "\n")
