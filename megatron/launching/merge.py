@@ -39,7 +39,10 @@ from typing import Iterable, TextIO
 
 from megatron.monitoring.logger import who
 
-WINDOW_SECONDS = 1.0
+# long enough for ranks that reach the same point seconds apart (pipeline stages building their
+# layers, 4 or 8 workers sharing a few cores) to be merged; a line held this long is at most as
+# late, and a worker's death prints what is held first
+WINDOW_SECONDS = 3.0
 HOST_PREFIX = re.compile(r"^(?P<host>[\w.\-]+): (?=\[|error \(ranks? )")
 RANKS_PREFIX = re.compile(r"^\[ranks? (?P<ranks>[\d, \-]+)\] ")
 STAMPS = re.compile(r"^(?:\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)?\] |\[\d\d:\d\d:\d\d\] )")
