@@ -15,7 +15,9 @@ is not found in the local directories; an unknown name is an error listing the n
 from __future__ import annotations
 
 import difflib
+import importlib
 import inspect
+import re
 from pathlib import Path
 
 import yaml
@@ -95,11 +97,59 @@ def unknown_tasks_message(unknown: list[str], known: list[str]) -> str:
             "eval_include_path")
 
 
+# lm-eval's warning that it applies eval_num_fewshot 0 to a task without a default of its own:
+# what it does with no num_fewshot at all
+_SAME_FEWSHOT = re.compile(r"^Overwriting default num_fewshot of .+ from None to 0$")
+
+
+# lm-eval's modules that draw progress bars without a switch (building requests; bootstrapping)
+_HARNESS_BAR_MODULES = ("lm_eval.api.task", "lm_eval.api.metrics")
+
+
+def quiet_harness() -> None:
+    """lm-eval's output in the project's form: its warnings as `[rank N] [time] [WARNING]
+    [lm_eval] ...` lines on stderr, which the launcher prints once for all the ranks that print
+    them alike, its info lines hidden (LMEVAL_LOG_LEVEL shows them), and the progress bars of
+    lm-eval and of the datasets library drawn only where the project's are (rank 0, on a
+    terminal or with NEOX_PROGRESS=1: megatron.monitoring.progress)."""
+    import logging
+    import os
+
+    from megatron.monitoring.logger import adopt_logger
+    from megatron.monitoring.progress import progress_enabled
+
+    handler = adopt_logger("lm_eval", "lm_eval")
+    if not any(getattr(f, "_megatron", False) for f in handler.filters):
+        def drop(record: logging.LogRecord) -> bool:
+            return not _SAME_FEWSHOT.match(record.getMessage())
+
+        drop._megatron = True  # type: ignore[attr-defined]
+        handler.addFilter(drop)
+    level = os.environ.get("LMEVAL_LOG_LEVEL", "").upper()
+    logging.getLogger("lm_eval").setLevel(level if isinstance(logging.getLevelName(level), int)
+                                          else logging.WARNING)
+    if not progress_enabled():
+        import functools
+
+        import datasets
+        from tqdm import tqdm
+
+        datasets.disable_progress_bars()
+        # lm-eval draws its bars with the tqdm these modules imported (tqdm reads TQDM_DISABLE
+        # only when it is first imported, long before this)
+        for module in _HARNESS_BAR_MODULES:
+            module = importlib.import_module(module)
+            if getattr(module, "tqdm", None) is tqdm:
+                module.tqdm = functools.partial(tqdm, disable=True)
+
+
 def task_manager_for(names: list[str], include: list[str]):
     """An lm-eval TaskManager that knows every name: local directories only when they suffice
-    (fast, offline), else together with lm-eval's registry."""
+    (fast, offline), else together with lm-eval's registry. lm-eval's output is made the
+    project's first (quiet_harness)."""
     from lm_eval.tasks import TaskManager
 
+    quiet_harness()
     if include and "include_defaults" in inspect.signature(TaskManager).parameters:
         local = TaskManager(include_path=include, include_defaults=False)
         if all(n in local.all_tasks for n in names):

@@ -71,19 +71,40 @@ def refresh_rank() -> None:
     if handler is None:
         return
     level, all_ranks = handler._megatron_settings  # type: ignore[attr-defined]
-    rank = global_rank()
-    root.setLevel(level if (rank == 0 or all_ranks) else max(logging.WARNING, level))
-    prefix = f"[rank {rank}] " if "RANK" in os.environ else ""
-    handler.setFormatter(logging.Formatter(prefix + _FORMAT, datefmt="%H:%M:%S"))
-    # DeepSpeed's own logger (once deepspeed is imported) writes its lines in the same form and
-    # to stderr, not to the stdout its handler has: the launcher merges the warnings that every
-    # rank prints alike on stderr only (megatron.launching.merge)
-    ds = logging.getLogger("DeepSpeed")
-    if ds.handlers:
-        ds_handler = next((h for h in ds.handlers if isinstance(h, _StderrHandler)), None)
-        ds.handlers[:] = [ds_handler or _StderrHandler()]
-        ds.handlers[0].setFormatter(logging.Formatter(
-            prefix + _FORMAT.replace("%(name)s", "deepspeed"), datefmt="%H:%M:%S"))
+    root.setLevel(level if (global_rank() == 0 or all_ranks) else max(logging.WARNING, level))
+    handler.setFormatter(_formatter(None))
+    # DeepSpeed's own logger (once deepspeed is imported) writes to stdout, where the launcher
+    # does not merge the warnings every rank prints alike
+    if logging.getLogger("DeepSpeed").handlers:
+        _ADOPTED.setdefault("DeepSpeed", "deepspeed")
+    for name in _ADOPTED:
+        adopt_logger(name, _ADOPTED[name])
+
+
+# third-party loggers that write in the project's form: logger name -> name shown
+_ADOPTED: dict[str, str] = {}
+
+
+def adopt_logger(name: str, shown: str) -> logging.Handler:
+    """Have the third-party logger `name` write its lines in the project's form (`[rank N]
+    [time] [LEVEL] [shown] ...`) to sys.stderr, where the launcher merges the warnings that
+    every rank prints alike (megatron.launching.merge), in place of its own handlers; returns
+    the handler. Its level is left as it is."""
+    _ADOPTED[name] = shown
+    logger = logging.getLogger(name)
+    handler = next((h for h in logger.handlers if isinstance(h, _StderrHandler)), None)
+    logger.handlers[:] = [handler or _StderrHandler()]
+    logger.propagate = False
+    logger.handlers[0].setFormatter(_formatter(shown))
+    return logger.handlers[0]
+
+
+def _formatter(shown: str | None) -> logging.Formatter:
+    """The project's line format, `[rank N] ` first in a launched process; `shown` in place of
+    the logger's name."""
+    prefix = f"[rank {global_rank()}] " if "RANK" in os.environ else ""
+    form = _FORMAT if shown is None else _FORMAT.replace("%(name)s", shown)
+    return logging.Formatter(prefix + form, datefmt="%H:%M:%S")
 
 
 def _handler(root: logging.Logger) -> logging.Handler | None:

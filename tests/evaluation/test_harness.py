@@ -128,6 +128,14 @@ def test_a_launch_with_two_replicas_writes_the_harness_results(trained, harness,
     logged = [json.loads(line) for line in open(tmp_path / "logs" / "metrics.jsonl")]
     assert logged[-1]["iteration"] == 30
     assert logged[-1]["eval/tiny_mc/acc"] == pytest.approx(harness["tiny_mc"]["acc,none"])
+    # the console: lm-eval's warnings about tiny_mc.yaml (no aggregation given) once for both
+    # ranks in the project's form; no progress bars (not a terminal), no warning that the
+    # default of 0 few-shot examples is applied
+    harness_lines = [line for line in proc.stderr.splitlines() if "lm_eval" in line]
+    assert any("[WARNING] [lm_eval] [Task: tiny_mc] metric acc is defined, but aggregation is "
+               "not" in line for line in harness_lines), proc.stderr[-3000:]
+    assert all(line.startswith("[ranks 0-1] ") for line in harness_lines), harness_lines
+    assert "it/s]" not in proc.stderr and "Overwriting default num_fewshot" not in proc.stderr
 
 
 def test_a_bf16_config_runs_the_model_in_bf16_and_scores_in_fp32(trained, lm):
