@@ -7,7 +7,8 @@ ZeRO stage 0-3, fp32 or bf16), without training. Runs on the workers of the new 
 
 Training at another layout does not need this: loading reshards by itself. Use it to keep a
 checkpoint on disk in the new layout. The state is kept whole: weights, fp32 master copies,
-optimizer state, LR schedule, data position; `iteration=<N>` picks a checkpoint.
+optimizer state, LR schedule (the checkpoint's, whatever the config's train_iters and lr; with
+override_lr_scheduler the config's), data position; `iteration=<N>` picks a checkpoint.
 """
 
 from __future__ import annotations
