@@ -48,6 +48,11 @@ def test_the_error_workers_end_on_is_printed_once_with_their_ranks_and_hosts():
     assert out.getvalue().splitlines() == [
         "error (ranks 0-3 on node-a, node-b): unknown lm-eval task 'x'",
         "error (rank 2 on node-b): data file d.bin is gone"]
+    merger.feed(None, "node-a: error (rank 1 on node-a): out of memory")
+    merger.feed(None, "node-a: worker rank 1 (local rank 1) on node-a died: exited with status 1")
+    assert out.getvalue().splitlines()[2:] == [  # the error held comes before the death
+        "node-a: error (rank 1 on node-a): out of memory",
+        "node-a: worker rank 1 (local rank 1) on node-a died: exited with status 1"]
     merger.close()
 
 

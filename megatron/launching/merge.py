@@ -48,6 +48,8 @@ RANKS_PREFIX = re.compile(r"^\[ranks? (?P<ranks>[\d, \-]+)\] ")
 STAMPS = re.compile(r"^(?:\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)?\] |\[\d\d:\d\d:\d\d\] )")
 # the line a worker ends on after a user error (megatron.entry.run_entry)
 WORKER_ERROR = re.compile(r"^error \(ranks? (?P<ranks>[\d, \-]+) on (?P<hosts>[^)]*)\): ")
+# a launcher's line for a dead worker (megatron.launching.local.death_line, runner.py's)
+DEATH = re.compile(r"\bdied: ")
 WARNING = re.compile(r"\[(?:WARNING|ERROR)\]|\bWarning: ")
 CPP_BACKTRACE = re.compile(r"^(?:[\w.\-]+: )?(?:frame #\d+: |<omitting python frames>$|"
                            r"Exception raised from .* \(most recent call first\):$)")
@@ -104,6 +106,8 @@ class WarningMerger:
             text = "error: " + text[error.end():]
         ranks = ranks or ({rank} if rank is not None else None)
         if not ranks or not (error or WARNING.search(text)):
+            if DEATH.search(text):  # a death report (a node launcher's): the errors held first
+                self.flush()
             self._write(line)
             return
         with self._lock:
