@@ -11,13 +11,15 @@ once, naming the ranks; everything else passes through as it comes.
 A warning line (this project's `[WARNING]` / `[ERROR]` log lines, DeepSpeed's, any line with
 `Warning:`) is held up to `window` seconds, or until every rank has printed it, and then printed
 once with the ranks that printed it; its text without the rank and the time stamps is what makes
-two lines alike. A line from one rank only keeps its own `[rank R]`. A worker's last line, the
-error that ended it (`error (rank 3 on node-b): ...`, megatron.entry), is merged the same way:
-
-    error (ranks 0-7 on node-a, node-b): unknown lm-eval task 'lambada_opnai' (...)
- Lines may come behind a
+two lines alike. A line from one rank only keeps its own `[rank R]`. Lines may come behind a
 launcher's `host: ` prefix (pdsh) and may name several ranks already (`[ranks 0-3]`, a node
 launcher's merge); the merged line names every rank, without the host.
+
+A worker's last line, the error that ended it (`error (rank 3 on node-b): ...`, megatron.entry),
+is merged the same way, naming the hosts; a death report (`... died: ...`) first prints
+whatever is held, so that the error comes before it:
+
+    error (ranks 0-7 on node-a, node-b): unknown lm-eval task 'lambada_opnai' (...)
 
 The lines of a C++ backtrace that torch's distributed code appends to some of its own error
 and warning lines ("Exception raised from ... (most recent call first):", "frame #N: ...",

@@ -25,12 +25,11 @@ def reshard(args) -> Path:
     init_distributed(args.parallelism.distributed_backend,
                      args.launcher.distributed_timeout_minutes, args.launcher)
     try:
-        ls = args.lr_schedule
         # the checkpoint's learning-rate schedule is part of the state kept whole, whatever
         # train_iters, lr or warmup the config has; override_lr_scheduler writes the config's
-        keep = not (ls.override_lr_scheduler or ls.use_checkpoint_lr_scheduler)
+        keep = not args.lr_schedule.override_lr_scheduler
         return _reshard(args.replace(world_size=dist.get_world_size(),
-                                     **({"use_checkpoint_lr_scheduler": True} if keep else {})))
+                                     use_checkpoint_lr_scheduler=keep))
     finally:
         destroy_distributed()
 
