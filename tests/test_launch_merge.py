@@ -23,17 +23,51 @@ def test_warnings_alike_are_printed_once_with_their_ranks_and_other_lines_at_onc
     merger = WarningMerger(out, range(4), window=0.3)
     merger.feed(0, "[rank 0] [12:00:01] [WARNING] [a] same")
     merger.feed(1, "[rank 1] [12:00:02] [WARNING] [a] same")  # another second: still alike
-    merger.feed(0, "[rank 0] [12:00:02] [INFO] [a] not a warning")
+    merger.feed(2, "[rank 2] [12:00:02] [INFO] [a] nothing held for rank 2")
+    assert out.getvalue().splitlines() == ["[rank 2] [12:00:02] [INFO] [a] nothing held for rank 2"]
+    merger.feed(0, "[rank 0] [12:00:02] [INFO] [a] after the warning")  # waits behind it
     merger.feed(None, "node-b: [ranks 2-3] [12:00:01] [WARNING] [a] same")  # all 4: out at once
-    assert out.getvalue().splitlines() == ["[rank 0] [12:00:02] [INFO] [a] not a warning",
-                                           "[ranks 0-3] [12:00:01] [WARNING] [a] same"]
+    assert out.getvalue().splitlines()[1:] == ["[ranks 0-3] [12:00:01] [WARNING] [a] same",
+                                               "[rank 0] [12:00:02] [INFO] [a] after the warning"]
     merger.feed(3, "[rank 3] [12:00:05] [WARNING] [a] only here")
     merger.feed(1, "[rank 1] [12:00:05] [WARNING] [a] two of four")
     merger.feed(2, "[rank 2] [12:00:06] [WARNING] [a] two of four")
     time.sleep(0.6)  # past the window: printed with the ranks seen so far
     merger.close()
-    assert out.getvalue().splitlines()[2:] == ["[rank 3] [12:00:05] [WARNING] [a] only here",
+    assert out.getvalue().splitlines()[3:] == ["[rank 3] [12:00:05] [WARNING] [a] only here",
                                                "[ranks 1-2] [12:00:05] [WARNING] [a] two of four"]
+
+
+def test_a_ranks_lines_keep_their_order_around_a_warning_only_it_prints():
+    """A warning one rank prints alone is held for the window like any other; the lines that rank
+    prints after it wait behind it (a reshard's warning before its 'saved checkpoint' line), and
+    so do a warning merged with other ranks and those ranks' lines after it. A rank with nothing
+    held prints at once."""
+    out = io.StringIO()
+    merger = WarningMerger(out, range(2), window=0.3)
+    merger.feed(0, "[rank 0] [12:00:01] [WARNING] [a] resharded into this layout")
+    merger.feed(0, "[rank 0] [12:00:01] [INFO] [a] saved checkpoint")
+    merger.feed(0, "[rank 0] [12:00:01] [WARNING] [a] second warning")
+    merger.feed(0, "[rank 0] [12:00:02] [INFO] [a] done")
+    merger.feed(1, "[rank 1] [12:00:02] [WARNING] [a] second warning")  # both ranks: printed
+    merger.feed(1, "[rank 1] [12:00:02] [INFO] [a] rank 1 goes on")
+    assert out.getvalue() == ""
+    time.sleep(0.6)  # the first warning's window passed: it and what waited behind it, in order
+    assert out.getvalue().splitlines() == [
+        "[rank 0] [12:00:01] [WARNING] [a] resharded into this layout",
+        "[rank 0] [12:00:01] [INFO] [a] saved checkpoint",
+        "[ranks 0-1] [12:00:01] [WARNING] [a] second warning",
+        "[rank 0] [12:00:02] [INFO] [a] done",
+        "[rank 1] [12:00:02] [INFO] [a] rank 1 goes on"]
+    merger.feed(1, "[rank 1] [12:00:03] [INFO] [a] nothing held for rank 1")
+    merger.feed(0, "[rank 0] [12:00:03] [WARNING] [a] last words")
+    merger.feed(0, "[rank 0] [12:00:03] [INFO] [a] still in order")
+    merger.feed(None, "worker rank 0 (local rank 0) on vm died: exited with status 1")
+    merger.close()
+    assert out.getvalue().splitlines()[5:] == [
+        "[rank 1] [12:00:03] [INFO] [a] nothing held for rank 1",
+        "[rank 0] [12:00:03] [WARNING] [a] last words", "[rank 0] [12:00:03] [INFO] [a] still in order",
+        "worker rank 0 (local rank 0) on vm died: exited with status 1"]
 
 
 def test_the_error_workers_end_on_is_printed_once_with_their_ranks_and_hosts():
@@ -53,6 +87,20 @@ def test_the_error_workers_end_on_is_printed_once_with_their_ranks_and_hosts():
     assert out.getvalue().splitlines()[2:] == [  # the error held comes before the death
         "node-a: error (rank 1 on node-a): out of memory",
         "node-a: worker rank 1 (local rank 1) on node-a died: exited with status 1"]
+    merger.close()
+
+
+def test_warnings_two_ranks_print_in_opposite_orders_come_out_when_the_window_passes():
+    out = io.StringIO()
+    merger = WarningMerger(out, range(2), window=0.3)
+    merger.feed(0, "[rank 0] [12:00:01] [WARNING] [a] A")
+    merger.feed(0, "[rank 0] [12:00:01] [WARNING] [a] B")
+    merger.feed(1, "[rank 1] [12:00:01] [WARNING] [a] B")
+    merger.feed(1, "[rank 1] [12:00:01] [WARNING] [a] A")
+    assert out.getvalue() == ""  # neither is the next line of both ranks
+    time.sleep(0.6)
+    assert out.getvalue().splitlines() == ["[ranks 0-1] [12:00:01] [WARNING] [a] A",
+                                           "[ranks 0-1] [12:00:01] [WARNING] [a] B"]
     merger.close()
 
 

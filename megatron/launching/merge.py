@@ -11,7 +11,8 @@ once, naming the ranks; everything else passes through as it comes.
 A warning line (this project's `[WARNING]` / `[ERROR]` log lines, DeepSpeed's, any line with
 `Warning:`) is held up to `window` seconds, or until every rank has printed it, and then printed
 once with the ranks that printed it; its text without the rank and the time stamps is what makes
-two lines alike. A line from one rank only keeps its own `[rank R]`. Lines may come behind a
+two lines alike. A line from one rank only keeps its own `[rank R]`. A rank's later lines wait
+behind its held warning, so each rank's lines keep their order; other ranks' lines pass at once. Lines may come behind a
 launcher's `host: ` prefix (pdsh) and may name several ranks already (`[ranks 0-3]`, a node
 launcher's merge); the merged line names every rank, without the host.
 
@@ -33,6 +34,8 @@ carriage-return update (a progress bar redrawing itself) straight through.
 from __future__ import annotations
 
 import codecs
+import collections
+import dataclasses
 import os
 import re
 import threading
@@ -80,6 +83,18 @@ def split_line(line: str) -> tuple[set[int] | None, str, str]:
     return ranks, (stamp.group(0) if stamp else ""), line[stamp.end():] if stamp else line
 
 
+@dataclasses.dataclass(eq=False)
+class _Held:
+    """A warning (or a worker's error) held to be merged: the ranks and hosts that printed it,
+    the first copy's stamp and line, and when it is printed at the latest."""
+    ranks: set[int]
+    stamp: str
+    first: str
+    deadline: float
+    hosts: set[str]
+    printed: bool = False
+
+
 class WarningMerger:
     """Holds warning lines briefly to print each once with the ranks that printed it."""
 
@@ -88,7 +103,9 @@ class WarningMerger:
         self.out, self.expected, self.window = out, set(ranks), window
         self.cpp_backtraces = (os.environ.get("TORCH_SHOW_CPP_STACKTRACES") == "1"
                                if cpp_backtraces is None else cpp_backtraces)
-        self._held: dict[str, list] = {}  # text -> [ranks, stamp, first line, deadline]
+        self._held: dict[str, _Held] = {}  # text -> the warning held
+        # rank -> its held warnings and the lines it printed after them, in its order
+        self._behind: dict[int, collections.deque] = collections.defaultdict(collections.deque)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._timer = threading.Thread(target=self._flush_loop, name="warning-merger",
@@ -110,25 +127,32 @@ class WarningMerger:
         if not ranks or not (error or WARNING.search(text)):
             if DEATH.search(text):  # a death report (a node launcher's): the errors held first
                 self.flush()
-            self._write(line)
+            with self._lock:
+                waiting = [self._behind[r] for r in ranks or () if self._behind.get(r)]
+                if waiting:  # behind a warning of its rank's that is held
+                    waiting[0].append(line)
+                else:
+                    self._write(line)
             return
         with self._lock:
-            entry = self._held.get(text)
-            if entry is None:
-                self._held[text] = [set(ranks), stamp, line, time.monotonic() + self.window,
-                                    hosts]
+            held = self._held.get(text)
+            if held is None:
+                held = self._held[text] = _Held(set(ranks), stamp, line,
+                                                time.monotonic() + self.window, hosts)
             else:
-                entry[0] |= ranks
-                entry[4] |= hosts
-            if self._held[text][0] >= self.expected:
-                self._print(text, self._held.pop(text))
+                held.ranks |= ranks
+                held.hosts |= hosts
+            for r in ranks:
+                if held not in self._behind[r]:
+                    self._behind[r].append(held)
+            self._release(time.monotonic())
 
     def flush(self) -> None:
         """Print every line held now, with the ranks seen so far (before a worker's death is
         reported, so that its last words come first)."""
         with self._lock:
             for text in list(self._held):
-                self._print(text, self._held.pop(text))
+                self._print(text)
 
     def close(self) -> None:
         self._stop.set()
@@ -137,20 +161,38 @@ class WarningMerger:
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self.window / 4):
-            now = time.monotonic()
             with self._lock:
-                for text in [t for t, e in self._held.items() if e[3] <= now]:
-                    self._print(text, self._held.pop(text))
+                self._release(time.monotonic())
 
-    def _print(self, text: str, entry: list) -> None:
-        ranks, stamp, first, _, hosts = entry
-        if len(ranks) == 1:
-            self._write(first)
-        elif hosts:  # a worker's error: "error (ranks 0-3 on a, b): ..."
-            self._write(f"error ({who(sorted(ranks))} on {', '.join(sorted(hosts))}): "
+    def _release(self, now: float) -> None:
+        """Print each held warning that every rank has printed and that is the next line of each
+        of its ranks, or whose window has passed (the lock held)."""
+        released = True
+        while released:
+            released = False
+            for text, held in list(self._held.items()):
+                if held.deadline <= now or (held.ranks >= self.expected and all(
+                        self._behind[r][0] is held for r in held.ranks)):
+                    self._print(text)
+                    released = True
+
+    def _print(self, text: str) -> None:
+        """Print the held warning `text`, then what its ranks printed behind it (the lock held)."""
+        held = self._held.pop(text)
+        if len(held.ranks) == 1:
+            self._write(held.first)
+        elif held.hosts:  # a worker's error: "error (ranks 0-3 on a, b): ..."
+            self._write(f"error ({who(sorted(held.ranks))} on {', '.join(sorted(held.hosts))}): "
                         f"{text[len('error: '):]}")
         else:
-            self._write(f"[{who(sorted(ranks))}] {stamp}{text}")
+            self._write(f"[{who(sorted(held.ranks))}] {held.stamp}{text}")
+        held.printed = True
+        for r in held.ranks:
+            queue = self._behind[r]
+            while queue and (isinstance(queue[0], str) or queue[0].printed):
+                item = queue.popleft()
+                if isinstance(item, str):
+                    self._write(item)
 
     def _write(self, line: str) -> None:
         self.out.write(line + "\n")
