@@ -120,9 +120,8 @@ def _check_shape(args, saved: dict, step_dir: Path) -> None:
 def _check_inference_inputs(args, script: str, tokenizer) -> None:
     """generate.py: the input file holds prompts (input-file mode), and each prompt (an
     unconditional sample's EOD) plus maximum_tokens fits max_position_embeddings (A14).
-    eval.py: its settings, an installed lm-eval (A28) and the task files and directories
-    eval_tasks names (registry names are looked up by the workers, whose lm-eval scans its
-    registry)."""
+    eval.py: its settings, an installed lm-eval (A28), the task files and directories
+    eval_tasks names, and its registry names (a name no task file spells is refused)."""
     if script == "generate.py":
         from megatron.text_generation.prompts import check_lengths, prompt_tokens, read_prompts
 
@@ -135,11 +134,12 @@ def _check_inference_inputs(args, script: str, tokenizer) -> None:
                       args.model.max_position_embeddings)
         return
     from megatron.evaluation.lm_eval_version import require_lm_eval
-    from megatron.evaluation.tasks import check_eval_settings, resolve_task_entries
+    from megatron.evaluation.tasks import (check_eval_settings, check_task_names,
+                                           resolve_task_entries)
 
     check_eval_settings(args.eval)
     require_lm_eval()
-    resolve_task_entries(args.eval.eval_tasks, args.eval.eval_include_path)
+    check_task_names(*resolve_task_entries(args.eval.eval_tasks, args.eval.eval_include_path))
 
 
 def _check_inference_checkpoint(args, script: str) -> None:
@@ -182,7 +182,8 @@ DATA_KEYS = ("data_path", "train_data_paths", "valid_data_paths", "test_data_pat
 
 
 def _check_tasks_in_training(args) -> None:
-    """eval_tasks during training: a layout that allows it, lm-eval installed (A28)."""
+    """eval_tasks during training: a layout that allows it, lm-eval installed (A28), task names
+    it knows."""
     if not args.eval.eval_tasks:
         return
     from megatron.evaluation.during_training import refusal
@@ -192,9 +193,9 @@ def _check_tasks_in_training(args) -> None:
     if why:
         raise ValueError(why)
     require_lm_eval()
-    from megatron.evaluation.tasks import resolve_task_entries
+    from megatron.evaluation.tasks import check_task_names, resolve_task_entries
 
-    resolve_task_entries(args.eval.eval_tasks, args.eval.eval_include_path)
+    check_task_names(*resolve_task_entries(args.eval.eval_tasks, args.eval.eval_include_path))
 
 
 def _output_directories(args, script: str) -> list[tuple[str, str]]:

@@ -10,6 +10,9 @@ Each entry of `eval_tasks` is one of
 A local task reads local data with `dataset_path: json` and `dataset_kwargs: {data_files: ...}`
 (paths relative to the working directory). The registry is scanned (~10 s) only when some name
 is not found in the local directories; an unknown name is an error listing the nearest names.
+deepy.py refuses an unknown name before any worker starts (check_task_names): a name that no
+file of lm-eval's task directory or of the include path spells is looked up in the registry
+there, so a misspelt name costs one scan and no launch.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import os
 import re
 from pathlib import Path
 
@@ -143,13 +147,46 @@ def quiet_harness() -> None:
                 module.tqdm = functools.partial(tqdm, disable=True)
 
 
-def task_manager_for(names: list[str], include: list[str]):
+def _task_texts(directories: list[Path]) -> bytes:
+    """Every file under `directories` but Python sources and READMEs, joined: the task YAMLs and
+    the templates they include (`_default_template_yaml` and other names without .yaml), where
+    each task, group and tag name is spelt."""
+    parts = []
+    for directory in directories:
+        for parent, subdirs, files in os.walk(directory):
+            subdirs[:] = [d for d in subdirs if d not in ("__pycache__", ".ipynb_checkpoints")]
+            for name in files:
+                if not name.endswith((".py", ".pyc", ".md")):
+                    with open(os.path.join(parent, name), "rb") as f:
+                        parts.append(f.read())
+    return b"\n".join(parts)
+
+
+def check_task_names(names: list[str], include: list[str]) -> None:
+    """deepy.py: refuse, before any worker starts, a task name that neither lm-eval's registry
+    nor the include path defines. Reading the task files' text takes a fraction of a second
+    (building lm-eval's registry takes 10 s or more): a name spelt in some file is left to the
+    workers' registry, and only a name spelt in none is looked up in lm-eval's registry here,
+    so the refusal and its suggestions are lm-eval's own."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("lm_eval")
+    registry = [Path(p) / "tasks" for p in (spec.submodule_search_locations or ())] \
+        if spec else []
+    texts = _task_texts([*registry, *map(Path, include)])
+    if all(n.encode() in texts for n in names):
+        return
+    task_manager_for(names, include, quiet=False)
+
+
+def task_manager_for(names: list[str], include: list[str], quiet: bool = True):
     """An lm-eval TaskManager that knows every name: local directories only when they suffice
     (fast, offline), else together with lm-eval's registry. lm-eval's output is made the
-    project's first (quiet_harness)."""
+    project's first (quiet_harness) unless `quiet` is false (deepy.py's check)."""
     from lm_eval.tasks import TaskManager
 
-    quiet_harness()
+    if quiet:
+        quiet_harness()
     if include and "include_defaults" in inspect.signature(TaskManager).parameters:
         local = TaskManager(include_path=include, include_defaults=False)
         if all(n in local.all_tasks for n in names):

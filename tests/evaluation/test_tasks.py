@@ -1,10 +1,12 @@
 """Task names, local task files and directories; unknown tasks; the lm-eval version (A28)."""
 
+from pathlib import Path
+
 import pytest
 
 from megatron.evaluation.lm_eval_version import check_lm_eval_version, require_lm_eval
-from megatron.evaluation.tasks import (resolve_task_entries, task_manager_for,
-                                       unknown_tasks_message)
+from megatron.evaluation.tasks import (check_task_names, resolve_task_entries, task_name_of,
+                                       task_manager_for, unknown_tasks_message)
 from tests.runs import ROOT
 
 TASKS = ROOT / "tests/evaluation/tasks"
@@ -70,3 +72,40 @@ def test_eval_py_names_an_unknown_task_in_one_line(monkeypatch, capsys):
     assert errors == ["error: unknown lm-eval task 'hellaswg' (did you mean: hellaswag?); a task "
                       "is a name from lm-eval's registry, a path to a task .yaml file, a "
                       "directory of them, or a name defined in eval_include_path"]
+
+
+def test_deepy_refuses_a_task_name_no_task_file_spells_before_any_worker(monkeypatch, tmp_path):
+    """deepy.py's check reads the text of lm-eval's own task files (and the include path's):
+    names they spell pass without building the registry; a name none spells is looked up in
+    the registry, here a small fake that says which names it was asked about."""
+    import lm_eval.tasks
+
+    from megatron.neox_arguments import NeoXArgs
+    from megatron.preflight import preflight
+
+    built = []
+
+    class Registry:
+        def __init__(self, include_path=None, include_defaults=True):
+            built.append(include_defaults)
+            self.all_tasks = (["hellaswag", "lambada_openai"] if include_defaults else []) + [
+                task_name_of(f) for d in include_path or () for f in Path(d).glob("*.yaml")]
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", Registry)
+    # registry names spelt in lm-eval's files (a group, and a tag set in an included
+    # template without .yaml), and a name a local directory defines
+    (tmp_path / "mine.yaml").write_text("task: my_local_task\ndataset_path: json\n")
+    check_task_names(["lambada_openai", "mmlu", "acp_bench", "my_local_task"], [str(tmp_path)])
+    assert built == []
+    args = NeoXArgs.from_ymls([ROOT / "configs/tiny.yml"],
+                              ["eval_tasks=[hellaswg]", f"load={tmp_path / 'none'}"])
+    with pytest.raises(ValueError, match=r"^unknown lm-eval task 'hellaswg' \(did you mean: "
+                       r"hellaswag\?\); a task is a name from lm-eval's registry"):
+        preflight(args, "eval.py")
+    assert built == [True]
+    built.clear()
+    args = NeoXArgs.from_ymls([ROOT / "configs/tiny.yml"],
+                              [f"eval_tasks=[{TASKS / 'tiny_mc.yaml'}, tiny_rolling, zzz_task]"])
+    with pytest.raises(ValueError, match=r"^unknown lm-eval task 'zzz_task'; a task is"):
+        preflight(args, "train.py")  # during training too; the local names are known
+    assert built == [False, True]  # the local directory first, then with the registry
