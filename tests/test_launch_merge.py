@@ -90,6 +90,39 @@ def test_the_error_workers_end_on_is_printed_once_with_their_ranks_and_hosts():
     merger.close()
 
 
+def test_an_error_of_several_lines_is_printed_once_for_the_ranks_whose_lines_are_alike():
+    """A worker's error may go on over further lines (a damaged checkpoint's list of files):
+    they belong to it, and ranks whose whole message is alike share one copy; a rank whose
+    further lines differ gets its own."""
+    out = io.StringIO()
+    merger = WarningMerger(out, range(4), window=5)
+    damaged = ["error (rank {r} on node-{h}): checkpoint c/global_step2 is damaged:",
+               "  - c/global_step2/layer_00.pt: sha256 90cc... differs from the manifest's",
+               "Restore the files from a backup or pick another checkpoint with iteration=<N>"]
+    for r, h in ((0, "a"), (1, "a")):
+        for line in damaged:
+            merger.feed(r, line.format(r=r, h=h))
+    for line in damaged[:1] + ["  - c/global_step2/layer_01.pt: missing", damaged[2]]:
+        merger.feed(None, "node-b: " + line.format(r=2, h="b"))  # relayed by pdsh
+    merger.feed(None, "node-b: [rank 3] [12:00:01] [INFO] [a] not part of it")
+    assert out.getvalue().splitlines() == ["node-b: [rank 3] [12:00:01] [INFO] [a] not part of it"]
+    merger.feed(None, "node-b: worker rank 2 (local rank 0) on node-b died: exited with status 1")
+    assert out.getvalue().splitlines()[1:] == [
+        "error (ranks 0-1 on node-a): checkpoint c/global_step2 is damaged:",
+        damaged[1], damaged[2],
+        "error (rank 2 on node-b): checkpoint c/global_step2 is damaged:",
+        "  - c/global_step2/layer_01.pt: missing", damaged[2],
+        "node-b: worker rank 2 (local rank 0) on node-b died: exited with status 1"]
+    merger.feed(3, "error (rank 3 on node-b): out of memory")  # alone: as it came
+    merger.feed(3, "  while building layer 3")
+    merger.flush()
+    merger.feed(3, "  a line after it was printed")
+    merger.close()
+    assert out.getvalue().splitlines()[8:] == ["error (rank 3 on node-b): out of memory",
+                                               "  while building layer 3",
+                                               "  a line after it was printed"]
+
+
 def test_warnings_two_ranks_print_in_opposite_orders_come_out_when_the_window_passes():
     out = io.StringIO()
     merger = WarningMerger(out, range(2), window=0.3)

@@ -13,7 +13,7 @@ When a worker fails on its own, one line says which, where and how, after the er
 workers that fail alike at once (the same error on every rank) share the line:
 
     worker rank 1 (local rank 1) on node-a died: killed by SIGKILL
-    error (ranks 0-1 on node-a): unknown lm-eval task 'lambada_opnai' (...)
+    error (ranks 0-1 on node-a): checkpoint ck/global_step2 is damaged and will not be loaded: ...
     worker ranks 0-1 (local ranks 0-1) on node-a died: exited with status 1
 
 and the others are stopped: SIGTERM, FAILURE_GRACE_SECONDS, then SIGKILL (they cannot save

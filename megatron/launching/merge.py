@@ -12,15 +12,18 @@ A warning line (this project's `[WARNING]` / `[ERROR]` log lines, DeepSpeed's, a
 `Warning:`) is held up to `window` seconds, or until every rank has printed it, and then printed
 once with the ranks that printed it; its text without the rank and the time stamps is what makes
 two lines alike. A line from one rank only keeps its own `[rank R]`. A rank's later lines wait
-behind its held warning, so each rank's lines keep their order; other ranks' lines pass at once. Lines may come behind a
-launcher's `host: ` prefix (pdsh) and may name several ranks already (`[ranks 0-3]`, a node
-launcher's merge); the merged line names every rank, without the host.
+behind its held warning, so each rank's lines keep their order; other ranks' lines pass at once.
+Lines may come behind a launcher's `host: ` prefix (pdsh) and may name several ranks already
+(`[ranks 0-3]`, a node launcher's merge); the merged line names every rank, without the host.
 
-A worker's last line, the error that ended it (`error (rank 3 on node-b): ...`, megatron.entry),
-is merged the same way, naming the hosts; a death report (`... died: ...`) first prints
-whatever is held, so that the error comes before it:
+A worker's last words, the error that ended it (`error (rank 3 on node-b): ...`, megatron.entry,
+and the further lines of a message of several), are merged the same way, naming the hosts, and
+held for the window or until a death report (`... died: ...`), which prints whatever is held
+first, so that the error comes before it. Ranks whose further lines differ get a copy each:
 
-    error (ranks 0-7 on node-a, node-b): unknown lm-eval task 'lambada_opnai' (...)
+    error (ranks 0-7 on node-a, node-b): checkpoint ck/global_step2 is damaged and will not ...
+      - ck/global_step2/layer_00-model_00-model_states.pt: sha256 90ccf575c0d3c7c8... differs ...
+    Restore the files from a backup or pick another checkpoint with iteration=<N>
 
 The lines of a C++ backtrace that torch's distributed code appends to some of its own error
 and warning lines ("Exception raised from ... (most recent call first):", "frame #N: ...",
@@ -85,13 +88,14 @@ def split_line(line: str) -> tuple[set[int] | None, str, str]:
 
 @dataclasses.dataclass(eq=False)
 class _Held:
-    """A warning (or a worker's error) held to be merged: the ranks and hosts that printed it,
-    the first copy's stamp and line, and when it is printed at the latest."""
+    """A warning held to be merged: the ranks that printed it, the first copy's stamp and line,
+    and when it is printed at the latest. A worker's error keeps each copy's ranks, hosts and
+    the lines that followed its first (a message of several lines)."""
     ranks: set[int]
     stamp: str
     first: str
     deadline: float
-    hosts: set[str]
+    copies: list[tuple[set[int], set[str], list[str]]] | None = None
     printed: bool = False
 
 
@@ -106,6 +110,9 @@ class WarningMerger:
         self._held: dict[str, _Held] = {}  # text -> the warning held
         # rank -> its held warnings and the lines it printed after them, in its order
         self._behind: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        # a rank (or a node launcher's host, or None for a mixed stream) -> the worker error
+        # whose further lines it is sending, and the list they go to
+        self._open: dict[int | str | None, tuple[_Held, list[str]]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._timer = threading.Thread(target=self._flush_loop, name="warning-merger",
@@ -116,6 +123,8 @@ class WarningMerger:
         """One line from the worker of global rank `rank` (None: a launcher's mixed stream)."""
         ranks, stamp, text = split_line(line)
         if not self.cpp_backtraces and CPP_BACKTRACE.match(text):
+            return
+        if self._continues_error(rank, line):
             return
         hosts = set()
         error = WORKER_ERROR.match(text)
@@ -138,14 +147,42 @@ class WarningMerger:
             held = self._held.get(text)
             if held is None:
                 held = self._held[text] = _Held(set(ranks), stamp, line,
-                                                time.monotonic() + self.window, hosts)
+                                                time.monotonic() + self.window,
+                                                [] if error else None)
             else:
                 held.ranks |= ranks
-                held.hosts |= hosts
+            if error:
+                copy = (set(ranks), hosts, [])
+                held.copies.append(copy)
+                host = HOST_PREFIX.match(line)
+                self._open[rank if rank is not None else host and host["host"]] = held, copy[2]
             for r in ranks:
                 if held not in self._behind[r]:
                     self._behind[r].append(held)
             self._release(time.monotonic())
+
+    def _continues_error(self, rank: int | None, line: str) -> bool:
+        """Whether `line` is a further line of a worker's error its source is sending (a line
+        that starts no record of its own); it is kept with that error, or printed at once when
+        the error already was."""
+        with self._lock:
+            source = rank
+            if rank is None:
+                host = re.match(r"^([\w.\-]+): ", line)
+                if host and host[1] in self._open:  # pdsh's prefix
+                    source, line = host[1], line[host.end():]
+            if source not in self._open:
+                return False
+            if (RANKS_PREFIX.match(line) or STAMPS.match(line) or WORKER_ERROR.match(line)
+                    or WARNING.search(line) or DEATH.search(line)):
+                del self._open[source]
+                return False
+            held, body = self._open[source]
+            if held.printed:
+                self._write(line)
+            else:
+                body.append(line)
+            return True
 
     def flush(self) -> None:
         """Print every line held now, with the ranks seen so far (before a worker's death is
@@ -166,24 +203,38 @@ class WarningMerger:
 
     def _release(self, now: float) -> None:
         """Print each held warning that every rank has printed and that is the next line of each
-        of its ranks, or whose window has passed (the lock held)."""
+        of its ranks, or whose window has passed (the lock held). A worker's error waits for its
+        window, or for a death report: its further lines come after its first."""
         released = True
         while released:
             released = False
             for text, held in list(self._held.items()):
-                if held.deadline <= now or (held.ranks >= self.expected and all(
-                        self._behind[r][0] is held for r in held.ranks)):
+                if held.deadline <= now or (held.copies is None and held.ranks >= self.expected
+                                            and all(self._behind[r][0] is held
+                                                    for r in held.ranks)):
                     self._print(text)
                     released = True
 
     def _print(self, text: str) -> None:
         """Print the held warning `text`, then what its ranks printed behind it (the lock held)."""
         held = self._held.pop(text)
-        if len(held.ranks) == 1:
+        if held.copies and len(held.copies) > 1:
+            # "error (ranks 0-3 on a, b): ...", once for each text its further lines give it
+            alike: dict[tuple[str, ...], tuple[set[int], set[str]]] = {}
+            for ranks, hosts, body in held.copies:
+                group = alike.setdefault(tuple(body), (set(), set()))
+                group[0].update(ranks)
+                group[1].update(hosts)
+            for body, (ranks, hosts) in alike.items():
+                self._write(f"error ({who(sorted(ranks))} on {', '.join(sorted(hosts))}): "
+                            f"{text[len('error: '):]}")
+                for line in body:
+                    self._write(line)
+        elif held.copies:
+            for line in (held.first, *held.copies[0][2]):
+                self._write(line)
+        elif len(held.ranks) == 1:
             self._write(held.first)
-        elif held.hosts:  # a worker's error: "error (ranks 0-3 on a, b): ..."
-            self._write(f"error ({who(sorted(held.ranks))} on {', '.join(sorted(held.hosts))}): "
-                        f"{text[len('error: '):]}")
         else:
             self._write(f"[{who(sorted(held.ranks))}] {held.stamp}{text}")
         held.printed = True
