@@ -61,3 +61,22 @@ def test_quoted_error_messages_still_occur_in_the_source():
     source = source_text()
     stale = [q for q in quoted if q not in source]
     assert stale == [], f"quoted in docs/troubleshooting.md but not in the source: {stale}"
+
+
+def test_the_readme_names_every_extra_and_what_make_test_installs():
+    """README's list of extras is setup.py's, and the extras it says `make test` installs are
+    the Makefile's."""
+    import ast
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    listed = readme[readme.index("Extras: "):]
+    listed = set(re.findall(r"`(\w+)`", re.sub(r"\([^)]*\)", "", listed[:listed.index(". ")])))
+    setup = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
+    extras = next(ast.literal_eval(n.value) for n in setup.body if isinstance(n, ast.Assign)
+                  and getattr(n.targets[0], "id", "") == "EXTRAS")
+    assert listed == set(extras)
+    said = re.search(r"installs with the ([\w, ]+) extras", readme)
+    makefile = re.search(r'-e "\.\[([\w,]+)\]"\n.*\n.*\n\ninstall:',
+                         (ROOT / "Makefile").read_text(encoding="utf-8"))
+    assert said and makefile
+    assert set(re.split(r", | and ", said[1])) == set(makefile[1].split(","))
