@@ -1,8 +1,10 @@
 """The pdsh launch's pieces without ssh: the plan, the command each node runs, what it exports,
-the node launcher's share of the ranks, and how pdsh's and the node launchers' reports read.
+the node launcher's share of the ranks, how pdsh's and the node launchers' reports read, and (a real pdsh,
+to hosts that do not resolve) the check that every host answers over ssh.
 tests/e2e/test_pdsh_failures.py runs it for real over an sshd of the test's own."""
 
 import shlex
+import shutil
 import signal
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from megatron.launcher import CONFIG_FLAG, plan_launch
 from megatron.launching import pdsh
 from megatron.launching.node import decode_spec, node_launch
+from tests.runs import clean_env, deepy
 from tests.test_launcher import args
 
 
@@ -90,3 +93,24 @@ def test_pdsh_reports_read_as_one_line_and_the_first_death_sets_the_status():
     assert status == 255 and "check passwordless ssh to c (`ssh c hostname`)" in line
     calm = pdsh._Nodes(pdsh.PdshLaunch({"a": [0]}, "a", 29500, 60.0), "id", {})
     assert calm.line("pdsh@head: a: ssh exited with exit code 143") == ""  # a saved stop: quiet
+
+
+@pytest.mark.skipif(shutil.which("pdsh") is None, reason="pdsh is not installed (apt-get install "
+                    "pdsh; .ci/run installs it)")
+def test_hosts_ssh_cannot_reach_are_named_before_any_worker_starts(tmp_path):
+    """A real pdsh, on hosts that do not resolve (nothing is sent anywhere): deepy.py refuses the
+    launch naming each host as the hostfile does (pdsh labels them up to the first dot), what
+    ssh said, and the way out."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node-x.invalid slots=1\nnode-y.invalid slots=1\n")
+    script = tmp_path / "worker.py"
+    script.write_text("raise SystemExit('a worker started')\n")
+    proc = deepy(str(script), "configs/tiny.yml", f"hostfile={hostfile}", "num_gpus=1",
+                 "master_addr=10.0.0.1", env=clean_env(), timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    error = proc.stderr.splitlines()[-1]
+    assert error.startswith("error: pdsh cannot run a command on node-x.invalid, node-y.invalid "
+                            "over ssh ("), error
+    assert "ssh exited with exit code 255" in error and "Could not resolve hostname" in error
+    assert error.endswith("or set no_ssh_check=true to start without this check")
+    assert "a worker started" not in proc.stderr + proc.stdout

@@ -83,7 +83,9 @@ def check_ssh(hosts, env: dict[str, str]) -> None:
                          capture_output=True, text=True, timeout=120)
     if out.returncode == 0:
         return
-    failed = [m["host"] for m in map(NODE_EXIT.match, out.stderr.splitlines()) if m]
+    labels = {m["host"] for m in map(NODE_EXIT.match, out.stderr.splitlines()) if m}
+    # pdsh labels a host by its name up to the first dot: each named as the hostfile has it
+    failed = [h for h in hosts if h in labels or h.split(".")[0] in labels]
     said = " | ".join(line.strip() for line in out.stderr.splitlines() if line.strip())
     raise RuntimeError(f"pdsh cannot run a command on {', '.join(failed) or 'every host'} over "
                        f"ssh ({said}); set up passwordless ssh from this machine to every host "
