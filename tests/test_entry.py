@@ -2,7 +2,7 @@
 
 import pytest
 
-from megatron.entry import split_command_line
+from megatron.entry import run_entry, split_command_line
 from megatron.monitoring.errors import describe_error
 
 
@@ -65,3 +65,17 @@ def test_a_lost_connection_to_another_rank_is_said_in_one_short_line():
         "lost the connection to another rank (Read error [10.1.2.3]:59078: Connection reset by "
         "peer): that rank stopped or died; its own lines above say why")
     assert describe_error(ValueError("seq_length must be > 0")) == "seq_length must be > 0"
+
+
+def test_a_user_error_is_one_line_and_neox_traceback_shows_where_it_came_from(capsys,
+                                                                              monkeypatch):
+    def main():
+        raise FileNotFoundError("data file d.bin does not exist")
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("NEOX_TRACEBACK", raising=False)
+    assert run_entry(main) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == "error: data file d.bin does not exist"
+    monkeypatch.setenv("NEOX_TRACEBACK", "1")  # docs/checks.md: the traceback, for a report
+    with pytest.raises(FileNotFoundError, match="d.bin does not exist"):
+        run_entry(main)

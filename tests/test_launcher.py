@@ -173,6 +173,11 @@ def test_per_node_mode_needs_node_rank_and_master(tmp_path):
     hostfile.write_text("n0 slots=1\nn1 slots=1\n")
     with pytest.raises(ValueError, match="node_rank"):
         plan_launch(args(hostfile=hostfile, num_gpus=1, no_ssh=True, master_addr="127.0.0.1"), "t.py")
+    with pytest.raises(ValueError, match=r"^no_ssh needs master_addr \(the address of node 0\)"):
+        plan_launch(args(hostfile=hostfile, num_gpus=1, no_ssh=True, node_rank=1), "t.py")
+    with pytest.raises(FileNotFoundError, match=r"^hostfile .*gone does not exist \(config key "
+                       r"'hostfile'\): create it with one 'hostname slots=N' line per node"):
+        plan_launch(args(hostfile=tmp_path / "gone", num_gpus=1), "t.py")
     plan = plan_launch(args(hostfile=hostfile, num_gpus=1, no_ssh=True, node_rank=1,
                             master_addr="127.0.0.1"), "t.py")
     # this node's worker only, started by deepy.py: global rank 1, node 1 of 2

@@ -40,6 +40,19 @@ def test_an_unknown_task_is_named_with_the_nearest_known_names():
                               "task .yaml file")
 
 
+def test_eval_without_lm_eval_is_refused_with_the_install_command(monkeypatch):
+    """lm-eval missing (the one failure faked: its distribution is not found)."""
+    from importlib import metadata
+
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", not_installed)
+    with pytest.raises(RuntimeError, match=r"^eval.py needs lm-eval, which is not installed: "
+                       r"pip install -r requirements/requirements-eval.txt"):
+        require_lm_eval()
+
+
 def test_lm_eval_outside_the_supported_range_is_refused_with_the_install_command():
     assert require_lm_eval().startswith("0.4.")
     check_lm_eval_version("0.4.2")
