@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,6 +73,28 @@ def test_dpo_from_the_sft_model_prefers_the_chosen_style_on_held_out_pairs(chat_
     manifest = json.loads((run / "ckpt" / "global_step30" / "manifest.json").read_text())
     assert manifest["client_state"]["reference"] == {
         "path": str((sft_run / "ckpt" / "global_step60").absolute()), "iteration": 60}
+
+
+def test_resuming_dpo_whose_reference_checkpoint_is_gone_is_refused_naming_it(chat_files,
+                                                                            sft_run, tmp_path):
+    """The reference model is the checkpoint training started from, reloaded on every resume:
+    without it the run would compare the policy with something else, so it stops, naming the
+    path (docs/posttraining.md)."""
+    reference = tmp_path / "sft"
+    reference.mkdir()
+    shutil.copytree(sft_run / "ckpt" / "global_step60", reference / "global_step60")
+    (reference / "latest").write_text("global_step60")
+    run = tmp_path / "dpo"
+    posttrain(chat_files, run, "dpo", load=reference, finetune=True, train_iters=2,
+              eval_interval=2, checkpoint_factor=1)
+    shutil.rmtree(reference)
+    proc = posttrain(chat_files, run, "dpo", check=False, train_iters=2, eval_interval=2,
+                     checkpoint_factor=1, iteration=1)
+    assert proc.returncode == 1, explain(proc)
+    gone = (reference / "global_step60").absolute()
+    assert f"the reference model of this run, {gone}, is gone (DPO and KTO compare the policy " \
+           "with the checkpoint training started from): restore it at that path" in proc.stderr
+    assert "iteration      2/" not in proc.stdout
 
 
 def test_kto_raises_desirable_answers_above_undesirable_ones(chat_files, sft_run, tmp_path):

@@ -184,6 +184,21 @@ def test_memory_check_refuses_warns_or_skips(caplog):
     assert est.total > GIB // 100
 
 
+def test_with_a_hostfile_the_estimate_is_logged_not_compared(caplog, tmp_path):
+    """The workers run on the hostfile's hosts, whose memory this machine cannot see."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n0 slots=2\nn1 slots=2\n")
+    big = ["seq_length=2048", "max_position_embeddings=2048", "train_micro_batch_size_per_gpu=64",
+           "train_batch_size=null", "gradient_accumulation_steps=1", f"hostfile={hostfile}"]
+    with caplog.at_level(logging.INFO, logger="megatron"):
+        est = check_memory(load(["configs/tiny.yml"], *big), "train.py", 1024, 2, "cpu",
+                           (GIB // 100, "a stated figure"))
+    assert est.total > GIB // 100
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("memory estimate for train.py (") for m in said), said
+    assert "memory estimate not compared: the workers run on the hostfile's hosts" in said
+
+
 def test_deepy_refuses_the_6_7b_config_before_any_worker_starts(small_data, tmp_path):
     prefix, tokenizer = small_data
     proc = deepy("train.py", "configs/6-7B.yml", f"data_path={prefix}", f"vocab_file={tokenizer}",
@@ -218,6 +233,29 @@ def test_tool_prints_what_docs_memory_md_shows_for_its_example():
     assert len(out) == len(shown) and out[-1].startswith("  available here:"), proc.stderr
     assert out[:-1] == shown[:-1], f"docs/memory.md:{page[at + 1].line} differs from the tool"
     assert proc.returncode == (0 if out[-1].endswith(": fits") else 1)
+
+
+def test_tool_takes_another_world_size_script_and_device(capsys):
+    """--world-size sets the ranks, --script the inference estimate (tensor parallelism only),
+    --device cuda on a machine without CUDA prints the estimate uncompared and exits 0."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("memory_estimate",
+                                                  ROOT / "tools/memory_estimate.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    base = ["configs/tiny.yml", "--vocab-size", "8192", "--device", "cpu"]
+    assert tool.main([*base, "--world-size", "4", "model_parallel_size=2"]) in (0, 1)
+    assert "  layout: tp=2 pp=1 dp=2 ZeRO 0 (world size 4), fp32, cpu\n" in capsys.readouterr().out
+    assert tool.main([*base, "--script", "generate.py"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert out.startswith("memory estimate for generate.py, per worker") and \
+        "  layout: tp=1 (world size 2), fp32, cpu\n" in out and "optimizer states" not in out
+    if not torch.cuda.is_available():
+        assert tool.main(["configs/tiny.yml", "--vocab-size", "8192", "--device", "cuda",
+                          "--script", "eval.py"]) == 0
+        assert capsys.readouterr().out.endswith(
+            "  available: not compared (this machine has no CUDA GPU)\n")
 
 
 MEASURED = {  # name: overrides on configs/tiny.yml (27.3M parameters, sequences of 256)
