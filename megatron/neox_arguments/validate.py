@@ -7,13 +7,15 @@ rules need them. Warnings (settings that are ignored) go to the project logger.
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any, Callable, Iterator, Mapping
 
 from . import derived as d
 from .errors import ConfigError
 from .registries import REGISTRIES, check_choice
-from .sections.deepspeed import BF16_KEYS, FP16_KEYS, GRAD_ACCUM_DTYPES, NEOX_FP16_EXTRA_KEYS
+from .sections.deepspeed import (BF16_KEYS, FP16_KEYS, GRAD_ACCUM_DTYPES, NEOX_FP16_EXTRA_KEYS,
+                                 SWITCH_KEYS, ZERO_KEYS)
 from .sections.launcher import MPI_LAUNCHERS
 from .sections.optimization import OPTIMIZER_PARAMS
 from .validate_mamba import mamba_rules
@@ -288,6 +290,12 @@ def _precision(c: Config, world_size: int | None) -> Iterator[str]:
                                  ("bf16", bf16, BF16_KEYS)):
         for key in sorted(set(section or ()) - set(known)):
             yield f"{name}.{key} is not a DeepSpeed {name} option; valid keys: {', '.join(known)}."
+        for key in SWITCH_KEYS:
+            value = (section or {}).get(key)
+            if value is not None and not isinstance(value, bool):
+                yield (f"{name}.{key} must be true or false, but it is {value!r} "
+                       f"({type(value).__name__}); write it without quotes.")
+                return
     if (fp16 or {}).get("enabled") and (bf16 or {}).get("enabled"):
         yield "fp16.enabled and bf16.enabled are both true; enable one precision mode only."
         return
@@ -300,6 +308,16 @@ def _precision(c: Config, world_size: int | None) -> Iterator[str]:
     for name, section in (("fp16", fp16), ("bf16", bf16)):
         if wanted == name and section and section.get("enabled") is False:
             yield f"precision is '{precision}' but {name}.enabled is false; make them agree."
+
+
+def _zero_keys(c: Config, world_size: int | None) -> Iterator[str]:
+    """zero_optimization: only keys DeepSpeed's ZeRO config takes (it refuses any other in every
+    worker, in pydantic's words)."""
+    for key in sorted(set(c["zero_optimization"]) - set(ZERO_KEYS)):
+        close = difflib.get_close_matches(key, ZERO_KEYS, n=3)
+        yield (f"zero_optimization.{key} is not a DeepSpeed ZeRO option"
+               + (f" (did you mean: {', '.join(close)}?)" if close else "")
+               + "; see DeepSpeed's ZeRO configuration for the valid keys.")
 
 
 def _data_types(c: Config, world_size: int | None) -> Iterator[str]:
@@ -592,7 +610,7 @@ def _tensor_parallel_splits(c: Config, world_size: int | None) -> Iterator[str]:
 
 RULES: tuple[Callable[[Config, int | None], Iterator[str]], ...] = (
     _choices, _heads, _tensor_parallel_splits, _shape, _attention, _world, _global_num_gpus,
-    _precision, _data_types, _optimizer, _intervals, _profiling, _checkpoint,
+    _precision, _zero_keys, _data_types, _optimizer, _intervals, _profiling, _checkpoint,
     _activation_checkpointing, _data, _launcher, _logging, _deepspeed_extra, post_training_rules,
     moe_rules, mamba_rules,
 )

@@ -248,3 +248,28 @@ def test_every_registry_rejects_an_unknown_name():
     for key, registry in REGISTRIES.items():
         with pytest.raises(ConfigError, match=f"choose one of: {registry.names[0]}"):
             registry.check("no-such-choice")
+
+
+@pytest.mark.parametrize("section", ["bf16", "fp16"])
+def test_a_quoted_switch_in_a_precision_section_is_refused_not_read_as_true(section):
+    """"false" in quotes is a string, which DeepSpeed would read as true: bf16 would train."""
+    with pytest.raises(ConfigError, match=rf"{section}.enabled must be true or false, but it is "
+                                          r"'false' \(str\); write it without quotes"):
+        make(**{section: {"enabled": "false"}})
+    assert make(**{section: {"enabled": False}}).derived.precision == "fp32"
+
+
+def test_a_zero_optimization_key_deepspeed_does_not_take_is_refused_before_launch():
+    with pytest.raises(ConfigError, match=r"zero_optimization.stagee is not a DeepSpeed ZeRO "
+                                          r"option \(did you mean: stage\?\)"):
+        make(zero_optimization={"stage": 1, "stagee": 1})
+
+
+def test_the_zero_keys_are_those_of_the_installed_deepspeed():
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    from megatron.neox_arguments.sections.deepspeed import ZERO_KEYS
+
+    fields = DeepSpeedZeroConfig.model_fields
+    assert set(ZERO_KEYS) == set(fields) | {f.alias for f in fields.values() if f.alias}
+    assert DeepSpeedZeroConfig.model_config.get("extra") == "forbid"

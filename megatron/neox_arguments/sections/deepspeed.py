@@ -17,6 +17,31 @@ BF16_KEYS = (
     "bf16_optimizer_states",
 )
 NEOX_FP16_EXTRA_KEYS = ("fp16", "type")
+# the true/false keys among them: a quoted "false" would be truthy where DeepSpeed reads it
+SWITCH_KEYS = ("enabled", "auto_cast", "consecutive_hysteresis", "fp16_master_weights_and_grads",
+               "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
+               "bf16_optimizer_states")
+# Keys DeepSpeed 0.19's ZeRO config (DeepSpeedZeroConfig, which forbids any other) accepts,
+# names and aliases; tests/neox_arguments compares this list with the installed DeepSpeed
+ZERO_KEYS = (
+    "allgather_bucket_size", "allgather_partitions", "allgather_sequential", "compute_grad_norm",
+    "contiguous_gradients", "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory",
+    "elastic_checkpoint", "enable_sanity_checks", "gather_16bit_weights_on_model_save",
+    "ignore_unused_parameters", "leaf_module", "legacy_stage1", "load_from_fp32_weights",
+    "log_trace_cache_warnings", "max_live_parameters", "max_reuse_distance",
+    "memory_efficient_linear", "model_persistence_threshold", "module_granularity_threshold",
+    "offload_optimizer", "offload_param", "overlap_comm", "override_module_apply",
+    "param_persistence_threshold", "parameter_alignment", "pipeline_loading_checkpoint",
+    "prefetch_bucket_size", "reduce_bucket_size", "reduce_scatter", "round_robin_gradients",
+    "save_muon_momentum_buffer_in_memory", "stage", "stage3_allgather_sequential",
+    "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+    "stage3_max_live_parameters", "stage3_max_reuse_distance",
+    "stage3_model_persistence_threshold", "stage3_module_granularity_threshold",
+    "stage3_param_persistence_threshold", "stage3_prefetch_bucket_size",
+    "stage3_use_all_reduce_for_fetch_params", "sub_group_size", "use_all_reduce_for_fetch_params",
+    "use_multi_rank_bucket_allreduce", "zenflow", "zero_hpz_partition_size",
+    "zero_quantized_gradients", "zero_quantized_nontrainable_weights", "zero_quantized_weights",
+)
 # DeepSpeed's spellings of the dtypes data_types.grad_accum_dtype may name, by precision.
 GRAD_ACCUM_DTYPES = {"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16",
                      "bf16": "bf16", "bfloat16": "bf16"}
