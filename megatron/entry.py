@@ -22,7 +22,8 @@ from megatron.monitoring.errors import describe_error
 from megatron.monitoring.logger import setup_logging
 from megatron.safety.signals import Preempted
 
-USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError, PermissionError)
+# ImportError: an optional package a chosen feature needs is missing (its message says which)
+USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError, PermissionError, ImportError)
 
 
 CONFIG_SUFFIXES = (".yml", ".yaml", ".json")

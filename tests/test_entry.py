@@ -79,3 +79,17 @@ def test_a_user_error_is_one_line_and_neox_traceback_shows_where_it_came_from(ca
     monkeypatch.setenv("NEOX_TRACEBACK", "1")  # docs/checks.md: the traceback, for a report
     with pytest.raises(FileNotFoundError, match="d.bin does not exist"):
         run_entry(main)
+
+
+def test_a_missing_optional_package_is_one_line_saying_what_to_install(capsys, monkeypatch):
+    """SPMTokenizer without sentencepiece (a feature's package, not a bug): no traceback."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("NEOX_TRACEBACK", raising=False)
+
+    def main():
+        raise ImportError("SPMTokenizer needs the sentencepiece package: pip install sentencepiece")
+
+    assert run_entry(main) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == ("error: SPMTokenizer needs the sentencepiece package: pip "
+                                    "install sentencepiece") and "Traceback" not in err
