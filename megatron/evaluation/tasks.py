@@ -34,14 +34,28 @@ class _TaskYamlLoader(yaml.SafeLoader):
 _TaskYamlLoader.add_multi_constructor("!", lambda loader, suffix, node: str(node.value))
 
 
+# the datasets library's builders of local files: without data_files they look for files of
+# their kind under the working directory (eval.py sat silent at full CPU in a repository)
+LOCAL_FILE_BUILDERS = ("json", "csv", "text", "parquet", "arrow")
+
+
 def task_name_of(path: Path) -> str | None:
-    """The task (or group) a task YAML defines, or None for a file that defines neither."""
+    """The task (or group) a task YAML defines, or None for a file that defines neither; a task
+    that reads local files must say which."""
     try:
         doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_TaskYamlLoader)
     except (OSError, yaml.YAMLError) as err:
         raise ValueError(f"cannot read task file {path}: {err}") from None
     if not isinstance(doc, dict):
         return None
+    kwargs = doc.get("dataset_kwargs")
+    if (doc.get("dataset_path") in LOCAL_FILE_BUILDERS and "include" not in doc
+            and not (isinstance(kwargs, dict) and kwargs.get("data_files"))):
+        raise ValueError(
+            f"task file {path}: dataset_path {doc['dataset_path']} reads local files but names "
+            "none; add dataset_kwargs: {data_files: {test: path/to/data.jsonl}} (paths relative "
+            "to the working directory); without them the datasets library looks for data "
+            "files under the working directory")
     if isinstance(doc.get("group"), str):
         return doc["group"]
     return doc["task"] if isinstance(doc.get("task"), str) else None

@@ -26,6 +26,12 @@ def test_task_entries_may_be_names_yaml_files_or_directories(tmp_path):
         resolve_task_entries([str(tmp_path / "t.yml")], None)
     with pytest.raises(FileNotFoundError, match="eval_include_path entry .*nope is not a dir"):
         resolve_task_entries(["x"], [str(tmp_path / "nope")])
+    (tmp_path / "local.yaml").write_text("task: local\ndataset_path: json\n")
+    with pytest.raises(ValueError, match=r"task file .*local.yaml: dataset_path json reads local "
+                       r"files but names none; add dataset_kwargs: \{data_files: "):
+        resolve_task_entries([str(tmp_path / "local.yaml")], None)
+    (tmp_path / "local.yaml").write_text("task: local\ndataset_path: json\ninclude: base.yaml\n")
+    assert resolve_task_entries([str(tmp_path / "local.yaml")], None)[0] == ["local"]
 
 
 def test_local_tasks_load_without_scanning_the_registry():
