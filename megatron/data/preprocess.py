@@ -82,6 +82,13 @@ def iter_documents(files: Sequence[str], keys: Sequence[str]) -> Iterator[dict[s
             with _open_text(path) as f:
                 yield {keys[0]: f.read()}
             continue
+        yield from _jsonl_documents(path, keys)
+
+
+def _jsonl_documents(path: str, keys: Sequence[str]) -> Iterator[dict[str, str]]:
+    """{key: text} per line of the JSON-lines file `path`; each value must be a string."""
+    line_no = 0
+    try:
         with _open_text(path) as f:
             for line_no, line in enumerate(f, start=1):
                 if not line.strip():
@@ -90,12 +97,28 @@ def iter_documents(files: Sequence[str], keys: Sequence[str]) -> Iterator[dict[s
                     record = json.loads(line)
                 except json.JSONDecodeError as err:
                     raise ValueError(f"{path} line {line_no} is not valid JSON: {err}") from None
+                if not isinstance(record, dict):
+                    raise ValueError(f"{path} line {line_no} is a JSON {type(record).__name__}, "
+                                     "not an object with the text under a key")
                 missing = [k for k in keys if k not in record]
                 if missing:
                     raise ValueError(f"{path} line {line_no} has no key {missing[0]!r} "
                                      f"(it has: {', '.join(map(str, record)) or 'nothing'}); "
                                      "set --jsonl-keys")
-                yield {k: str(record[k]) for k in keys}
+                for k in keys:
+                    if not isinstance(record[k], str):
+                        shown = json.dumps(record[k])
+                        raise ValueError(
+                            f"{path} line {line_no}: {k!r} is {shown[:40]}"
+                            f"{'...' if len(shown) > 40 else ''}, not a string; fix the line or "
+                            "remove it (it would be tokenized as that value's text)")
+                yield {k: record[k] for k in keys}
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text ({err.reason} at or after line "
+                         f"{line_no + 1}); convert the file to UTF-8") from None
+    except gzip.BadGzipFile as err:
+        raise ValueError(f"{path} is not a gzip file ({err}); decompress it with the tool that "
+                         "made it, or rename it without .gz") from None
 
 
 # -- workers ---------------------------------------------------------------------------------------
@@ -217,6 +240,9 @@ def preprocess(inputs: str | Sequence[str], output_prefix: str, tokenizer_type: 
             builder.abort()
         raise
     _log_progress(result, final=True)
+    if result.documents == 0:
+        logger.warning("no documents in %s: the output %s holds none; a dataset of it cannot be "
+                       "trained on", ", ".join(files), ", ".join(prefixes.values()))
     return result
 
 

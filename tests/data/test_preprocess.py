@@ -115,14 +115,31 @@ def test_progress_reports_rates(tmp_path, caplog, monkeypatch):
 @pytest.mark.parametrize("content, pattern", [
     ('{"text": "a"}\n{"body": "b"}\n', r"line 2 has no key 'text' \(it has: body\)"),
     ('{"text": "a"}\nnot json\n', "line 2 is not valid JSON"),
+    ('{"text": "a"}\n{"text": null}\n', "line 2: 'text' is null, not a string"),
+    ('{"text": 5}\n', "line 1: 'text' is 5, not a string"),
+    ('["text"]\n', "line 1 is a JSON list, not an object"),
+    (b'{"text": "a"}\n{"text": "\xd2\xff"}\n', r"bad.jsonl is not UTF-8 text \(invalid continuation byte at or after line "),
+    (b"garbage", r"is not a gzip file \(Not a gzipped file"),
 ])
 def test_bad_jsonl_names_file_and_line(tmp_path, content, pattern):
-    path = tmp_path / "bad.jsonl"
-    path.write_text(content)
+    path = tmp_path / ("bad.jsonl.gz" if content == b"garbage" else "bad.jsonl")
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
     with pytest.raises(ValueError, match=pattern) as err:
         preprocess(str(path), str(tmp_path / "bad"), "CharLevelTokenizer")
     assert str(path) in str(err.value)
     assert not [p for p in os.listdir(tmp_path) if p.startswith("bad_")]  # nothing half-written
+
+
+def test_an_input_without_documents_is_written_with_a_warning(tmp_path, caplog):
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with caplog.at_level(logging.WARNING):
+        result = preprocess(str(tmp_path / "empty.jsonl"), str(tmp_path / "e"),
+                            "CharLevelTokenizer")
+    assert result.documents == 0
+    assert f"no documents in {tmp_path / 'empty.jsonl'}: the output" in caplog.text
 
 
 def test_missing_and_unsupported_inputs(tmp_path):
