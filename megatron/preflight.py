@@ -68,6 +68,11 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
         _check_tasks_in_training(args)
     for key, directory in _output_directories(args, name):
         check_writable(key, directory)
+    samples = args.text_generation.sample_output_file
+    if name == "generate.py" and samples and Path(samples).is_dir():
+        raise ValueError(f"sample_output_file {samples} is a directory: give the path of the "
+                         "JSON-lines file to write, e.g. "
+                         f"{Path(samples) / 'samples.jsonl'}")
     if name not in LOADING_SCRIPTS:  # generate.py, eval.py
         tokenizer = _tokenizer(args)
         _check_inference_inputs(args, name, tokenizer)

@@ -182,13 +182,20 @@ def test_workers_started_with_only_mpirun_variables_join(small_data, tmp_path):
     (["generate.py", "configs/tiny.yml", "configs/text_generation.yml",
       "sample_output_file=README.md/samples.jsonl", "{tok}"],
      "sample_output_file: README.md is a file, not a directory"),
+    (["generate.py", "configs/tiny.yml", "configs/text_generation.yml",
+      "sample_output_file=docs", "{tok}"],
+     "sample_output_file docs is a directory: give the path of the JSON-lines file to write, "
+     "e.g. docs/samples.jsonl"),
+    (["train.py", "configs/tiny.yml", "num_gpus=1", "data_path={data}",
+      "bf16={enabled: 'false'}"],
+     "bf16.enabled must be true or false, but it is 'false' (str); write it without quotes."),
 ], ids=["missing-config", "unknown-key", "wrong-type", "impossible-degrees", "missing-hostfile",
         "missing-script", "no-ssh-without-hostfile", "missing-data", "missing-vocab-file",
         "generate-without-load", "eval-of-a-missing-checkpoint", "generate-missing-vocab-file",
         "generate-missing-prompt-file", "generate-beyond-the-context",
         "generate-a-prompt-too-long", "eval-without-tasks", "eval-missing-task-file",
         "unwritable-save", "log-dir-a-file", "missing-task-file-in-training",
-        "sample-output-under-a-file"])
+        "sample-output-under-a-file", "sample-output-a-directory", "quoted-bf16-switch"])
 def test_bad_input_is_one_clear_error(argv, message, small_data, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a short prompt\n" + "the history of the river " * 30 + "\n")
