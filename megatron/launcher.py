@@ -321,8 +321,9 @@ def worker_args(argv: list[str]):
     from megatron.neox_arguments import NeoXArgs
 
     if CONFIG_FLAG not in argv or argv.index(CONFIG_FLAG) + 1 >= len(argv):
+        script = os.path.relpath(sys.argv[0])  # tools/ckpts/reshard.py, as deepy.py needs it
         raise ValueError(f"this script runs on workers started by the launcher and expects "
-                         f"{CONFIG_FLAG}; start it as: python deepy.py {Path(sys.argv[0]).name} "
+                         f"{CONFIG_FLAG}; start it as: python deepy.py {script} "
                          "<config.yml> [more.yml] [key=value ...]")
     args = NeoXArgs.decode(argv[argv.index(CONFIG_FLAG) + 1])
     setup_logging(args.logging.log_level)

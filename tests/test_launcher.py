@@ -3,6 +3,7 @@
 import os
 import shutil
 import socket
+import sys
 
 import pytest
 
@@ -10,6 +11,7 @@ from megatron.launcher import (CONFIG_FLAG, ephemeral_ports, exported_env, free_
                                plan_launch, port_in_use, read_hostfile, worker_args,
                                write_env_file)
 from megatron.neox_arguments import NeoXArgs
+from tests.runs import ROOT
 
 TINY = "configs/tiny.yml"
 
@@ -235,3 +237,11 @@ def test_a_picked_port_is_never_one_the_kernel_hands_to_a_bind_of_port_zero():
     assert handed <= set(ranges)  # the range the picker reads is the kernel's
     picked = {free_port() for _ in range(50)}
     assert not picked & set(ranges) and not any(port_in_use(p) for p in picked)
+
+
+def test_a_worker_script_started_alone_says_the_deepy_command_with_its_path(monkeypatch):
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "tools/ckpts/reshard.py"), "configs/tiny.yml"])
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(ValueError, match=r"expects --neox_args; start it as: python deepy.py "
+                                         r"tools/ckpts/reshard.py <config.yml>"):
+        worker_args(sys.argv[1:])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
@@ -149,9 +150,12 @@ def canonical_key(raw: Any, value: Any, source: str) -> str | None:
     if is_neox_default(key, value):
         return None  # a GPT-NeoX-only key at GPT-NeoX's default changes nothing
     if key in RUNTIME_KEYS:
+        where = RUNTIME_KEYS[key]
+        todo = (f"Set {where[len('read from '):]}={json.dumps(value)} instead"
+                if where.startswith("read from ") else "Remove it")
         raise ConfigError(
-            f"'{raw}' in {source} is not a config option here: it is {RUNTIME_KEYS[key]}; "
-            f"{default_clause(key, value)}. Remove it."
+            f"'{raw}' in {source} is not a config option here: it is {where}; "
+            f"{default_clause(key, value)}. {todo}."
         )
     if key in NOT_YET_IMPLEMENTED:
         raise ConfigError(f"{source}: {not_implemented_reason(key, value)}.")

@@ -59,6 +59,18 @@ def test_runtime_key_off_its_default_is_refused():
         NeoXArgs.from_ymls([TINY], {"git_hash": "abc123"})
 
 
+def test_a_key_read_from_another_place_says_the_override_to_write_instead():
+    """GPT-NeoX's top-level `lr` is filled from optimizer.params.lr: the message gives the
+    override that sets it (docs/finetune.md's advice to set the learning rate)."""
+    with pytest.raises(ConfigError, match=r"'lr' in command line is not a config option here: it "
+                       r"is read from optimizer.params.lr; .* Set optimizer.params.lr=0.001 "
+                       r"instead\.$"):
+        NeoXArgs.from_ymls([TINY], ["lr=0.001"])
+    assert NeoXArgs.from_ymls([TINY], ["optimizer.params.lr=0.001"]).lr == 0.001
+    with pytest.raises(ConfigError, match=r"'world_size' .* derived from .* Remove it\.$"):
+        NeoXArgs.from_ymls([TINY], ["world_size=4"])
+
+
 def test_deepspeed_entry_off_its_default_points_to_deepspeed_extra_args():
     with pytest.raises(ConfigError, match="default \\(null.*inside deepspeed_extra_args"):
         NeoXArgs.from_ymls([TINY], {"flops_profiler": {"enabled": True}})
