@@ -72,6 +72,13 @@ def split_command_line(argv: list[str]) -> tuple[list[str], list[str]]:
             continue
         if _is_override(item):
             overrides.append(item)
+        elif item.startswith("=") and i:  # `train_iters = 3`, `train_iters =3`
+            after = argv[i + 1] if item == "=" and i + 1 < len(argv) else item[1:]
+            raise ValueError(f"spaces around '=' on the command line: write the override as one "
+                             f"word, {argv[i - 1]}={after}")
+        elif item.endswith(".py"):
+            raise ValueError(f"{item} is a script among the config files: the script comes first, "
+                             f"python deepy.py {item} configs/a.yml [key=value ...]")
         else:
             files.append(item)
         i += 1

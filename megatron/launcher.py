@@ -336,6 +336,10 @@ def launch(script: str, argv: list[str]) -> int:
     from megatron.neox_arguments import NeoXArgs
     from megatron.restart import run_with_restarts
 
+    if script.endswith((".yml", ".yaml", ".json")):
+        raise ValueError(f"{script} is a config file, but the first argument is the script to "
+                         f"run: python deepy.py train.py {script} [more.yml] [key=value ...] "
+                         "(or generate.py, eval.py)")
     if not Path(script).is_file():
         raise FileNotFoundError(f"script {script} does not exist; usage: python deepy.py "
                                 "train.py configs/a.yml [configs/b.yml] [key=value ...]")

@@ -93,3 +93,23 @@ def test_a_missing_optional_package_is_one_line_saying_what_to_install(capsys, m
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == ("error: SPMTokenizer needs the sentencepiece package: pip "
                                     "install sentencepiece") and "Traceback" not in err
+
+
+def test_command_lines_typed_the_wrong_way_say_the_right_one():
+    with pytest.raises(ValueError, match=r"spaces around '=' on the command line: write the "
+                                         r"override as one word, train_iters=3"):
+        split_command_line(["configs/tiny.yml", "train_iters", "=", "3"])
+    with pytest.raises(ValueError, match=r"write the override as one word, seed=7"):
+        split_command_line(["configs/tiny.yml", "seed", "=7"])
+    with pytest.raises(ValueError, match=r"^train.py is a script among the config files: the "
+                                         r"script comes first, python deepy.py train.py"):
+        split_command_line(["configs/tiny.yml", "train.py"])
+
+
+def test_a_config_file_where_the_script_goes_is_named_as_such():
+    from megatron.launcher import launch
+
+    with pytest.raises(ValueError, match=r"^configs/tiny.yml is a config file, but the first "
+                                         r"argument is the script to run: python deepy.py "
+                                         r"train.py configs/tiny.yml"):
+        launch("configs/tiny.yml", [])
