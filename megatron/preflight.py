@@ -234,10 +234,29 @@ def _check_training_inputs(args) -> None:
                 MMapIndexedDataset(prefix)
             except (FileNotFoundError, ValueError) as err:
                 raise type(err)(f"{key}: {err}") from None
+    _check_split_sizes(args)
     if not args.launcher.hostfile:  # with a hostfile, the GPUs are on other machines
         check_precision_supported(args.derived.precision)
     _check_side_files(args)
     _check_post_training_start(args)
+
+
+def _check_split_sizes(args) -> None:
+    """Data was given, and each split asked for samples gives at least one global batch (A9;
+    the workers check it again as they build the datasets)."""
+    from megatron.data.options import sample_counts, sample_options, token_paths
+    from megatron.data.split_parts import check_split_sizes
+
+    d, counts = args.data, sample_counts(args)
+    train, valid, test = token_paths(args)
+    check_split_sizes(
+        data_path=d.data_path, train_data_paths=train, valid_data_paths=valid,
+        test_data_paths=test, train_data_weights=d.train_data_weights,
+        valid_data_weights=d.valid_data_weights, test_data_weights=d.test_data_weights,
+        weight_by_num_documents=d.weight_by_num_documents, split=d.split,
+        seq_length=args.model.seq_length,
+        train_valid_test_num_samples=(counts.train, counts.valid, counts.test),
+        global_batch_size=args.derived.train_batch_size, options=sample_options(args))
 
 
 def _check_side_files(args) -> None:

@@ -10,15 +10,12 @@ Two ways to name data, as in GPT-NeoX:
 
 from __future__ import annotations
 
-import logging
 import math
-import os
-from typing import Any, Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from megatron.data import sample_index
 from megatron.data.blendable_dataset import BlendableDataset, normalize_weights
 from megatron.data.fingerprints import (check_datasets_unchanged,  # noqa: F401 (re-exported)
                                         compare_fingerprints, dataset_fingerprints)
@@ -28,7 +25,8 @@ from megatron.data.gpt2_dataset import GPT2Dataset
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.data.options import SampleOptions
 from megatron.data.samplers import PretrainingSampler
-from megatron.data.splits import SPLIT_NAMES, split_document_ranges, weights_by_num_documents
+from megatron.data.split_parts import Part, check_split_size, parts_per_split
+from megatron.data.splits import SPLIT_NAMES, weights_by_num_documents
 from megatron.host import available_cpus  # noqa: F401 (re-exported)
 from megatron.monitoring.logger import get_logger
 
@@ -36,17 +34,6 @@ logger = get_logger(__name__)
 
 # Each blended part is built with 0.5% spare samples, as GPT-NeoX does.
 _BLEND_MARGIN = 1.005
-
-
-class _Part(NamedTuple):
-    """One dataset inside a split: its token file and the files that go with it ("label",
-    "reward"; for pairs "neg", "pos_label" and "neg_label", the token file being the chosen
-    side)."""
-
-    name: str
-    prefix: str
-    documents: np.ndarray
-    files: dict = {}
 
 
 def build_train_valid_test_datasets(
@@ -87,7 +74,7 @@ def build_train_valid_test_datasets(
                 opened[prefix].check_token_ids(vocab_size)
         return opened[prefix]
 
-    per_split = _parts_per_split(
+    per_split = parts_per_split(
         data_path, [train_data_paths, valid_data_paths, test_data_paths],
         [train_data_weights, valid_data_weights, test_data_weights],
         split, weight_by_num_documents, open_prefix, options.side_files)
@@ -108,76 +95,6 @@ def build_train_valid_test_datasets(
     return tuple(result)
 
 
-def _check_split_size(name: str, parts: Sequence[_Part], open_prefix, seq_length: int,
-                      num_samples: int, global_batch_size: int | None) -> None:
-    """Log the epochs `num_samples` need; refuse a split whose documents give fewer samples per
-    epoch than one global batch (A9), since repeating it would put a sample twice in a batch.
-
-    Each part is its own token stream, so the split's samples per epoch are the sum of its
-    parts'.
-    """
-    tokens = samples = 0
-    for part in parts:
-        part_tokens = sample_index.tokens_per_epoch(open_prefix(part.prefix).sizes,
-                                                    part.documents)
-        tokens += part_tokens
-        samples += sample_index.samples_per_epoch(part_tokens, seq_length)
-    if global_batch_size is not None and samples < global_batch_size:
-        raise ValueError(
-            f"the {name} split holds {tokens} tokens ({samples} sample{'s' * (samples != 1)} of "
-            f"seq_length + 1 = {seq_length + 1} tokens), fewer than one global batch of "
-            f"{global_batch_size} samples; give the {name} split more data (data paths or split) "
-            "or lower the global batch (train_micro_batch_size_per_gpu x "
-            "gradient_accumulation_steps x data-parallel size) or seq_length"
-        )
-    # one dataset's own line says the same; a blend's total is worth a line of its own
-    logger.log(logging.INFO if len(parts) > 1 else logging.DEBUG,
-               "%s split: %d tokens = %d samples per epoch; %d samples requested -> %.2f "
-               "epochs", name, tokens, samples, num_samples,
-               num_samples / samples if samples else float("inf"))
-
-
-def _parts_per_split(data_path, paths, weights, split, weight_by_num_documents, open_prefix,
-                     side_files=None):
-    """[(parts, weights)] for train, valid and test, before any weight_by_num_documents."""
-    if data_path and any(paths):
-        raise ValueError("give either data_path or train/valid/test_data_paths, not both")
-    if data_path:
-        if any(w is not None for w in weights):
-            logger.warning("train/valid/test_data_weights are ignored with data_path; they "
-                           "apply to train/valid/test_data_paths")
-        prefixes = [data_path] if isinstance(data_path, (str, os.PathLike)) else list(data_path)
-        out: list[tuple[list[_Part], list[float]]] = [([], []) for _ in SPLIT_NAMES]
-        for i, prefix in enumerate(map(str, prefixes)):
-            dataset = open_prefix(prefix)
-            ranges = split_document_ranges(split, len(dataset))
-            for s, name in enumerate(SPLIT_NAMES):
-                docs = np.arange(ranges[name].start, ranges[name].stop, dtype=np.int64)
-                if len(docs):  # parts of one split blend in proportion to their tokens
-                    part_name = f"{name}_{i}" if len(prefixes) > 1 else name
-                    out[s][0].append(_Part(part_name, prefix, docs))
-                    out[s][1].append(float(dataset.sizes[docs].sum(dtype=np.int64)))
-        return out
-    if not any(paths):
-        raise ValueError("no data given: set data_path, or train_data_paths (and optionally "
-                         "valid_data_paths / test_data_paths)")
-    out = []
-    for name, split_paths, split_weights in zip(SPLIT_NAMES, paths, weights):
-        split_paths = [str(p) for p in split_paths or []]
-        if split_weights is not None and weight_by_num_documents:
-            logger.warning("%s_data_weights are ignored: weight_by_num_documents derives the "
-                           "weights from document counts", name)
-        s = SPLIT_NAMES.index(name)
-        parts = [_Part(f"{name}_{i}" if len(split_paths) > 1 else name, p,
-                       np.arange(len(open_prefix(p)), dtype=np.int64),
-                       {kind: str(triple[s][i]) for kind, triple in (side_files or {}).items()
-                        if triple[s] is not None})
-                 for i, p in enumerate(split_paths)]
-        out.append((parts, list(split_weights) if split_weights is not None
-                    else [1.0] * len(parts)))
-    return out
-
-
 def _build_split(name, parts, weights, num_samples, *, seq_length, seed, cache_dir, group,
                  weight_by_num_documents, alpha, open_prefix, global_batch_size, options):
     """One GPT2Dataset, or a BlendableDataset over several."""
@@ -191,7 +108,7 @@ def _build_split(name, parts, weights, num_samples, *, seq_length, seed, cache_d
         parts, weights = zip(*[(p, w) for p, w in zip(parts, weights) if w > 0])
         names = [p.name for p in parts]
     if options.pack_impl == "packed":
-        _check_split_size(name, parts, open_prefix, seq_length, num_samples, global_batch_size)
+        check_split_size(name, parts, open_prefix, seq_length, num_samples, global_batch_size)
 
     def build(part, n):
         return _part_dataset(part, n, seq_length=seq_length, seed=seed, cache_dir=cache_dir,
@@ -204,7 +121,7 @@ def _build_split(name, parts, weights, num_samples, *, seq_length, seed, cache_d
     return BlendableDataset(datasets, weights, num_samples=num_samples, names=names)
 
 
-def _part_dataset(part: _Part, num_samples: int, *, seq_length, seed, cache_dir, group,
+def _part_dataset(part: Part, num_samples: int, *, seq_length, seed, cache_dir, group,
                   open_prefix, options: SampleOptions):
     """The dataset of one part: packed token stream (GPT2Dataset), whole documents
     (DocumentDataset) or chosen/rejected pairs (PairwiseDataset), with the files beside it."""

@@ -44,3 +44,21 @@ def token_paths(args) -> tuple:
     if d.dataset_impl == "pairwise":
         return d.pos_train_data_paths, d.pos_valid_data_paths, d.pos_test_data_paths
     return d.train_data_paths, d.valid_data_paths, d.test_data_paths
+
+
+@dataclass(frozen=True)
+class SampleCounts:
+    """Samples each split must provide for the whole run."""
+
+    train: int
+    valid: int
+    test: int
+
+
+def sample_counts(args) -> SampleCounts:
+    """train_iters x global batch for train; enough evaluation batches for every eval_interval."""
+    gbs = args.derived.train_batch_size
+    t = args.training
+    evals = (t.train_iters // t.eval_interval + 1) if t.eval_interval else 1
+    return SampleCounts(train=t.train_iters * gbs, valid=evals * t.eval_iters * gbs,
+                        test=t.eval_iters * gbs)

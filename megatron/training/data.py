@@ -3,32 +3,13 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from megatron.data.loaders import build_data_loader, build_train_valid_test_datasets
-from megatron.data.options import sample_options, token_paths
+from megatron.data.options import SampleCounts, sample_options, token_paths
 from megatron.monitoring.logger import get_logger
 from megatron.training.objectives import BatchOptions, Objective
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class SampleCounts:
-    """Samples each split must provide for the whole run."""
-
-    train: int
-    valid: int
-    test: int
-
-
-def sample_counts(args) -> SampleCounts:
-    """train_iters x global batch for train; enough evaluation batches for every eval_interval."""
-    gbs = args.derived.train_batch_size
-    t = args.training
-    evals = (t.train_iters // t.eval_interval + 1) if t.eval_interval else 1
-    return SampleCounts(train=t.train_iters * gbs, valid=evals * t.eval_iters * gbs,
-                        test=t.eval_iters * gbs)
 
 
 def build_datasets(args, counts: SampleCounts, vocab_size: int, pad_id: int = 0):

@@ -28,7 +28,8 @@ from megatron.mpu.initialize import collective_timeout, destroy_distributed, ini
 from megatron.mpu.topology import Topology
 from megatron.neox_arguments import padded_vocab_size
 from megatron.tokenizer import build_tokenizer
-from megatron.training.data import build_datasets, micro_batch_iterator, sample_counts
+from megatron.data.options import sample_counts
+from megatron.training.data import build_datasets, micro_batch_iterator
 from megatron.training.engine import build_engine
 from megatron.training.flops import flops_per_token
 from megatron.training.objectives import batch_options

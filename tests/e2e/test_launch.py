@@ -189,13 +189,19 @@ def test_workers_started_with_only_mpirun_variables_join(small_data, tmp_path):
     (["train.py", "configs/tiny.yml", "num_gpus=1", "data_path={data}",
       "bf16={enabled: 'false'}"],
      "bf16.enabled must be true or false, but it is 'false' (str); write it without quotes."),
+    (["train.py", "configs/tiny.yml", "num_gpus=1", "data_path={data}", "split=998,1,1"],
+     "the valid split holds 179 tokens (1 sample of seq_length + 1 = 129 tokens), fewer than "
+     "one global batch of 16 samples; give the valid split more data"),
+    (["train.py", "configs/tiny.yml", "num_gpus=1", "data_path=null", "{tok}"],
+     "no data given: set data_path, or train_data_paths"),
 ], ids=["missing-config", "unknown-key", "wrong-type", "impossible-degrees", "missing-hostfile",
         "missing-script", "no-ssh-without-hostfile", "missing-data", "missing-vocab-file",
         "generate-without-load", "eval-of-a-missing-checkpoint", "generate-missing-vocab-file",
         "generate-missing-prompt-file", "generate-beyond-the-context",
         "generate-a-prompt-too-long", "eval-without-tasks", "eval-missing-task-file",
         "unwritable-save", "log-dir-a-file", "missing-task-file-in-training",
-        "sample-output-under-a-file", "sample-output-a-directory", "quoted-bf16-switch"])
+        "sample-output-under-a-file", "sample-output-a-directory", "quoted-bf16-switch",
+        "a-split-smaller-than-a-batch", "no-data"])
 def test_bad_input_is_one_clear_error(argv, message, small_data, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a short prompt\n" + "the history of the river " * 30 + "\n")
