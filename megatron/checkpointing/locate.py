@@ -95,6 +95,9 @@ def step_directory(path: Path, iteration: int | None = None, key: str | None = N
     path = Path(path)
     if not path.is_dir():
         where = f" (config key '{key}')" if key else ""
+        if path.exists():
+            raise FileNotFoundError(f"checkpoint directory {path}{where} is a file: give the "
+                                    "directory a run saved to, or one global_step<N> in it")
         raise FileNotFoundError(f"checkpoint directory {path}{where} does not exist")
     if iteration is None and (iteration_of(path.name) is not None
                               or (path / MANIFEST_NAME).is_file()):

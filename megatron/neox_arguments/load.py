@@ -91,9 +91,11 @@ def read_yml(path: str | os.PathLike) -> dict[str, Any]:
         mark = getattr(e, "problem_mark", None)
         line = f", line {mark.line + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e)
+        # in a {...} mapping (this project's configs, GPT-NeoX's) a missing comma is the usual
+        hint = (" (entries of a {...} mapping are separated by commas)"
+                if "flow" in str(e) or "expected ','" in str(e) else "")
         raise ConfigError(
-            f"{path}{line}: YAML syntax error: {problem}. Fix the file there (entries of a "
-            "{...} mapping are separated by commas)."
+            f"{path}{line}: YAML syntax error: {problem}. Fix the file there{hint}."
         ) from None
     if data is None:
         return {}

@@ -16,9 +16,16 @@ def read_prompts(path: str, prompt_end: str, warn: bool = True) -> list[str]:
     (a carriage return too), as GPT-NeoX reads them; blank ones are dropped (and, with `warn`,
     counted in a warning)."""
     p = Path(path)
+    if p.is_dir():
+        raise FileNotFoundError(f"sample_input_file {path} is a directory: give the file of "
+                                "prompts")
     if not p.is_file():
         raise FileNotFoundError(f"sample_input_file {path} does not exist")
-    parts = p.read_text(encoding="utf-8").split(prompt_end)
+    try:
+        parts = p.read_text(encoding="utf-8").split(prompt_end)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"sample_input_file {path} is not UTF-8 text ({err.reason} at byte "
+                         f"{err.start}); convert it to UTF-8") from None
     if parts and not parts[-1].strip():  # the file ends with the separator
         parts.pop()
     prompts = [x.strip() for x in parts if x.strip()]

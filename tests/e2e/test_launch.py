@@ -194,6 +194,10 @@ def test_workers_started_with_only_mpirun_variables_join(small_data, tmp_path):
      "one global batch of 16 samples; give the valid split more data"),
     (["train.py", "configs/tiny.yml", "num_gpus=1", "data_path=null", "{tok}"],
      "no data given: set data_path, or train_data_paths"),
+    (["eval.py", "configs/tiny.yml", "eval_tasks=[tests/evaluation/tasks/tiny_mc.yaml]",
+      "load=README.md", "{tok}"],
+     "checkpoint directory README.md (config key 'load') is a file: give the directory a run "
+     "saved to"),
 ], ids=["missing-config", "unknown-key", "wrong-type", "impossible-degrees", "missing-hostfile",
         "missing-script", "no-ssh-without-hostfile", "missing-data", "missing-vocab-file",
         "generate-without-load", "eval-of-a-missing-checkpoint", "generate-missing-vocab-file",
@@ -201,7 +205,7 @@ def test_workers_started_with_only_mpirun_variables_join(small_data, tmp_path):
         "generate-a-prompt-too-long", "eval-without-tasks", "eval-missing-task-file",
         "unwritable-save", "log-dir-a-file", "missing-task-file-in-training",
         "sample-output-under-a-file", "sample-output-a-directory", "quoted-bf16-switch",
-        "a-split-smaller-than-a-batch", "no-data"])
+        "a-split-smaller-than-a-batch", "no-data", "load-a-file"])
 def test_bad_input_is_one_clear_error(argv, message, small_data, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a short prompt\n" + "the history of the river " * 30 + "\n")

@@ -150,6 +150,12 @@ def test_yaml_syntax_error_names_file_and_line(write):
     with pytest.raises(ConfigError) as e:
         NeoXArgs.from_ymls([path])
     assert str(e.value).startswith(f"{path}, line 4: YAML syntax error:")
+    assert str(e.value).endswith("(entries of a {...} mapping are separated by commas).")
+    path = write("indented.yml", "num_layers: 2\n  hidden_size: 64\n")
+    with pytest.raises(ConfigError) as e:  # a block mapping: no word of commas
+        NeoXArgs.from_ymls([path])
+    assert str(e.value) == (f"{path}, line 2: YAML syntax error: mapping values are not "
+                            "allowed here. Fix the file there.")
 
 
 def test_duplicate_key_in_one_file_is_refused(write):

@@ -31,3 +31,13 @@ def test_a_file_of_blanks_is_refused_naming_the_separator(tmp_path):
     path.write_text("\n \n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"holds no prompts \(separator '\\n'\)"):
         read_prompts(str(path), "\n")
+
+
+def test_a_directory_or_a_file_that_is_not_utf8_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match=rf"sample_input_file {tmp_path} is a directory"):
+        read_prompts(str(tmp_path), "\n")
+    path = tmp_path / "prompts.txt"
+    path.write_bytes(b"caf\xe9\n")  # Latin-1
+    with pytest.raises(ValueError, match=rf"sample_input_file {path} is not UTF-8 text "
+                                         r"\(invalid continuation byte at byte 3\)"):
+        read_prompts(str(path), "\n")
