@@ -59,8 +59,7 @@ def load_checkpoint(engine, ck) -> dict:
     rejected: list[tuple[str, list[str]]] = []
     for tag in candidates:
         manifest, problems = verify_checkpoint(root / tag)
-        if problems:
-            _loud(damaged(root / tag, problems))
+        if problems:  # said once: with the one loaded instead, or in the error below
             rejected.append((tag, problems))
             if ck.iteration is not None:
                 break
@@ -75,6 +74,8 @@ def load_checkpoint(engine, ck) -> dict:
         if head_change(manifest.run, current, bool(ck.finetune), root / tag):
             changes.append("LM head: left out, the value head starts fresh")
         if rejected:
+            for skipped, problems in rejected:
+                _loud(damaged(root / skipped, problems))
             _loud(f"loading {root / tag} instead, the newest checkpoint that verifies "
                   f"(skipped: {', '.join(t for t, _ in rejected)})")
         return _load(engine, ck, root, tag, manifest, changes)

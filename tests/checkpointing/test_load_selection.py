@@ -1,6 +1,7 @@
 """A24 in one process: which checkpoint is tried first, what counts as damaged, and the error
 when nothing verifies. The checkpoints are written by our manifest code without DeepSpeed."""
 
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -101,16 +102,17 @@ def test_damage_is_found_and_named(ckpts, damage, expected):
     assert verify_checkpoint(ckpts / "global_step4")[1] == []
 
 
-def test_when_nothing_verifies_the_error_lists_every_checkpoint_and_what_is_wrong(ckpts):
+def test_when_nothing_verifies_the_error_lists_every_checkpoint_and_what_is_wrong(ckpts, caplog):
     for i in (2, 4, 6):
         (ckpts / f"global_step{i}" / "rng" / "rank_0.pt").write_bytes(b"x")
     args = NeoXArgs.from_ymls([ROOT / "configs" / "tiny.yml"],
                               {"load": str(ckpts), "save": None, "num_gpus": 1})
     engine = SimpleNamespace(topology=Topology(1, 1, 1),
                              engine=SimpleNamespace(module=torch.nn.Linear(2, 2)))
-    with pytest.raises(NoValidCheckpointError) as err:
+    with pytest.raises(NoValidCheckpointError) as err, caplog.at_level(logging.WARNING):
         load_checkpoint(engine, args.checkpoint)
     text = str(err.value)
     assert f"no checkpoint in {ckpts} can be loaded" in text
+    assert "damaged" not in caplog.text  # each problem is said once, in the error
     for i in (2, 4, 6):
         assert f"{ckpts / f'global_step{i}' / 'rng' / 'rank_0.pt'}: 1 bytes" in text
