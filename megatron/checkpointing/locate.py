@@ -53,7 +53,9 @@ def find_candidates(root: Path, iteration: int | None, fallback: bool = True
         if not fallback:
             raise FileNotFoundError(
                 f"no checkpoint to load in {root}: it has no '{LATEST}' file (checkpoints found: "
-                f"{', '.join(reversed(saved)) or 'none'}); set 'iteration' to pick one")
+                + (f"{', '.join(reversed(saved))}); pick one with iteration=<N> (--iteration "
+                   "in the tools) or give its global_step<N> directory" if saved else
+                   "none); give the directory a run saved to"))
         notes = [f"{root / LATEST} is missing but {root} holds {', '.join(saved)}: loading the "
                  "newest one that verifies"] if saved else []
         return saved, notes
@@ -180,5 +182,6 @@ def open_verified(step_dir: Path) -> Manifest:
     manifest, problems = verify_checkpoint(step_dir)
     if problems:
         raise CorruptFileError(damaged(step_dir, problems) + "\nRestore the files from a backup "
-                               "or pick another checkpoint with iteration=<N>")
+                               "or pick another checkpoint (iteration=<N>, or its "
+                               "global_step<N> directory)")
     return manifest

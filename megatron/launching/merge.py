@@ -23,7 +23,7 @@ first, so that the error comes before it. Ranks whose further lines differ get a
 
     error (ranks 0-7 on node-a, node-b): checkpoint ck/global_step2 is damaged and will not ...
       - ck/global_step2/layer_00-model_00-model_states.pt: sha256 90ccf575c0d3c7c8... differs ...
-    Restore the files from a backup or pick another checkpoint with iteration=<N>
+    Restore the files from a backup or pick another checkpoint (iteration=<N>, or ...)
 
 The lines of a C++ backtrace that torch's distributed code appends to some of its own error
 and warning lines ("Exception raised from ... (most recent call first):", "frame #N: ...",
