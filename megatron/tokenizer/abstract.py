@@ -74,10 +74,13 @@ def require_token_id(token_to_id: Callable[[str], int | None], token: str, role:
     return int(token_id)
 
 
-def require_file(path: str | None, what: str, tokenizer_type: str) -> str:
-    """`path` if it is an existing file, else FileNotFoundError/ValueError naming it."""
+def require_file(path: str | None, what: str, tokenizer_type: str,
+                 key: str = "vocab_file") -> str:
+    """`path` (config key `key`) if it is an existing file, else FileNotFoundError/ValueError
+    naming it."""
     if not path:
-        raise ValueError(f"{tokenizer_type} needs a {what}; set it in the tokenizer config")
+        raise ValueError(f"{tokenizer_type} needs a {what}; set {key} in the config "
+                         f"(--{key.replace('_', '-')} for the data tools)")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{tokenizer_type}: {what} {path} does not exist")
     return str(path)

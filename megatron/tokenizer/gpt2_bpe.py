@@ -16,7 +16,7 @@ def _resolve(vocab_file: str | None, merge_file: str | None, name: str) -> tuple
         vocab_file, merge_file = (os.path.join(vocab_file, "vocab.json"),
                                   os.path.join(vocab_file, "merges.txt"))
     return (require_file(vocab_file, "vocab file (vocab.json)", name),
-            require_file(merge_file, "merge file (merges.txt)", name))
+            require_file(merge_file, "merge file (merges.txt)", name, "merge_file"))
 
 
 def load_byte_level_bpe(vocab_file: str, merge_file: str) -> Tokenizer:

@@ -125,3 +125,13 @@ def test_optional_backends_name_their_package(monkeypatch, name, module, hint):
     monkeypatch.setitem(sys.modules, module, None)  # as if not installed
     with pytest.raises(ImportError, match=hint):
         build_tokenizer(name, "model")
+
+
+def test_a_tokenizer_file_not_given_is_asked_for_by_its_key_and_the_tools_flag():
+    with pytest.raises(ValueError, match=r"^HFTokenizer needs a tokenizer JSON file \(vocab_file\); "
+                                         r"set vocab_file in the config \(--vocab-file for the "
+                                         r"data tools\)$"):
+        build_tokenizer("HFTokenizer", None)
+    with pytest.raises(ValueError, match=r"GPT2BPETokenizer needs a merge file \(merges.txt\); set "
+                                         r"merge_file in the config \(--merge-file"):
+        build_tokenizer("GPT2BPETokenizer", __file__, None)
