@@ -61,6 +61,11 @@ def load_chat_tokenizer(path: str):
     if not os.path.exists(path):
         raise FileNotFoundError(f"--tokenizer-path {path} does not exist; give the directory of "
                                 "a Hugging Face tokenizer (tokenizer.json, tokenizer_config.json)")
+    files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, f)) for f in files):
+        raise FileNotFoundError(f"--tokenizer-path {path} holds no Hugging Face tokenizer (none "
+                                f"of {', '.join(files)}); give the directory a tokenizer was "
+                                "saved to (save_pretrained)")
     tokenizer = AutoTokenizer.from_pretrained(path)
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"the tokenizer in {path} has no chat template (tokenizer_config.json "

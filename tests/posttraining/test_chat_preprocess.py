@@ -94,6 +94,11 @@ def test_a_tokenizer_without_a_chat_template_is_refused(tok_dir, tmp_path):
     (plain / "tokenizer_config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="has no chat template"):
         load_chat_tokenizer(str(plain))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match=r"--tokenizer-path .*empty holds no Hugging Face "
+                                                r"tokenizer \(none of tokenizer.json, "):
+        load_chat_tokenizer(str(empty))
 
 
 def test_the_script_writes_gpt_neox_named_files_that_belong_together(tok_dir, tmp_path):
