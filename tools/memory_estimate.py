@@ -24,12 +24,23 @@ import sys
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
 
+def positive(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    return value
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--script", default="train.py", choices=["train.py", "generate.py", "eval.py"])
-    parser.add_argument("--vocab-size", type=int, default=None,
+    parser.add_argument("--vocab-size", type=positive, default=None,
                         help="the tokenizer's vocabulary size, instead of loading its files")
-    parser.add_argument("--world-size", type=int, default=None, help="ranks of the run")
+    parser.add_argument("--world-size", type=positive, default=None, help="ranks of the run")
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
                         help="where the workers compute (default: cuda when this machine has it)")
     options, rest = parser.parse_known_args(argv)
@@ -51,7 +62,7 @@ def report(options, rest: list[str]) -> int:
     if options.vocab_size is None and not args.tokenizer.vocab_file:
         raise ValueError(f"{args.tokenizer.tokenizer_type} needs vocab_file to tell the vocabulary "
                          "size: set vocab_file=PATH, or pass --vocab-size N (GPT-2's is 50257)")
-    if options.world_size:
+    if options.world_size is not None:
         args = args.with_world_size(options.world_size)
     lines, fits = describe_estimate(args, options.script, options.vocab_size, options.device)
     print("\n".join(lines))

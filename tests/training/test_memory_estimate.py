@@ -251,6 +251,10 @@ def test_tool_takes_another_world_size_script_and_device(capsys):
     out = capsys.readouterr().out
     assert out.startswith("memory estimate for generate.py, per worker") and \
         "  layout: tp=1 (world size 2), fp32, cpu\n" in out and "optimizer states" not in out
+    for flag in ("--world-size", "--vocab-size"):
+        with pytest.raises(SystemExit):  # argparse's usage error, exit status 2
+            tool.main([*base, flag, "0"])
+        assert f"argument {flag}: 0 is not at least 1" in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert tool.main(["configs/tiny.yml", "--vocab-size", "8192", "--device", "cuda",
                           "--script", "eval.py"]) == 0
