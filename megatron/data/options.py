@@ -55,10 +55,18 @@ class SampleCounts:
     test: int
 
 
-def sample_counts(args) -> SampleCounts:
-    """train_iters x global batch for train; enough evaluation batches for every eval_interval."""
+def sample_counts(args, iteration: int = 0, consumed_valid: int = 0) -> SampleCounts:
+    """train_iters x global batch for train; enough evaluation batches for every eval_interval
+    (GPT-NeoX's eval_iters x (train_iters // eval_interval + 1)), or, for a run resumed at
+    `iteration` having read `consumed_valid` validation samples, what it read and what it will
+    read (an evaluation at each eval_interval to train_iters and one at the end), when that is
+    more: a run continued past its first train_iters evaluated at the end of each part."""
     gbs = args.derived.train_batch_size
     t = args.training
     evals = (t.train_iters // t.eval_interval + 1) if t.eval_interval else 1
-    return SampleCounts(train=t.train_iters * gbs, valid=evals * t.eval_iters * gbs,
-                        test=t.eval_iters * gbs)
+    valid = evals * t.eval_iters * gbs
+    if t.eval_interval:
+        ahead = max(0, t.train_iters // t.eval_interval - iteration // t.eval_interval)
+        ahead += 1 if t.train_iters % t.eval_interval or iteration >= t.train_iters else 0
+        valid = max(valid, consumed_valid + ahead * t.eval_iters * gbs)
+    return SampleCounts(train=t.train_iters * gbs, valid=valid, test=t.eval_iters * gbs)

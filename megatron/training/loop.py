@@ -156,7 +156,7 @@ def _pretrain(args) -> RunState:
     state.consumed_valid_samples = int(resumed.get("consumed_valid_samples", valid))
     check_ranks_agree(state)
 
-    counts = sample_counts(args)
+    counts = sample_counts(args, state.iteration, state.consumed_valid_samples)
     train_ds, valid_ds, test_ds = build_datasets(args, counts, tokenizer.vocab_size,
                                                  tokenizer.pad)
     datasets = [d for d in (train_ds, valid_ds) if d is not None]

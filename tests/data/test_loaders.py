@@ -232,3 +232,25 @@ def test_loader_ends_after_the_dataset(prefixes):
     train, _, _ = build(data_path=a, split="1", train_valid_test_num_samples=(16, 0, 0))
     batches = list(build_data_loader(train, 0, 4, 0, 1, num_workers=0))
     assert len(batches) == len(train) // 4  # finite: one pass, then StopIteration
+
+
+def test_a_run_continued_past_its_train_iters_has_validation_samples_for_every_evaluation():
+    """eval_interval 15, eval_iters 2, global batch 16: a run to 30 reads 2 evaluations; one
+    continued to 42 evaluates at its end (3), one continued again to 48 at 45 and 48 (5): each
+    gets at least what it reads, and a run resumed within its train_iters keeps GPT-NeoX's
+    count (the cached sample index, and so its validation batches, unchanged)."""
+    from types import SimpleNamespace
+
+    from megatron.data.options import sample_counts
+
+    def args(train_iters):
+        return SimpleNamespace(derived=SimpleNamespace(train_batch_size=16),
+                               training=SimpleNamespace(train_iters=train_iters,
+                                                        eval_interval=15, eval_iters=2))
+
+    batch = 2 * 16
+    assert sample_counts(args(30)).valid == 3 * batch  # GPT-NeoX: (30 // 15 + 1) evaluations
+    assert sample_counts(args(30), 20, 1 * batch).valid == 3 * batch  # resumed: unchanged
+    assert sample_counts(args(42), 30, 2 * batch).valid == 3 * batch  # 2 read + 1 at 42
+    assert sample_counts(args(48), 42, 3 * batch).valid == 5 * batch  # 3 read + 45 and 48
+    assert sample_counts(args(48), 48, 5 * batch).valid == 6 * batch  # finished: one more
