@@ -18,7 +18,9 @@ def test_missing_checkpoints_are_explained(tmp_path):
         checkpoint_dir(str(tmp_path / "nowhere"), None)
     (tmp_path / "global_step5").mkdir()
     with pytest.raises(FileNotFoundError, match=r"no checkpoint to load in .*: it has no "
-                       r"'latest' file \(checkpoints found: global_step5\); set 'iteration'"):
+                       r"'latest' file \(checkpoints found: global_step5\); pick one with "
+                       r"iteration=<N> \(--iteration in the tools\) or give its global_step<N> "
+                       r"directory"):
         checkpoint_dir(str(tmp_path), None)
     assert checkpoint_dir(str(tmp_path), 5) == tmp_path / "global_step5"
     with pytest.raises(FileNotFoundError, match=r"global_step7 \(iteration=7\) does not exist; "

@@ -204,7 +204,8 @@ def test_deepy_refuses_the_6_7b_config_before_any_worker_starts(small_data, tmp_
     proc = deepy("train.py", "configs/6-7B.yml", f"data_path={prefix}", f"vocab_file={tokenizer}",
                  "tokenizer_type=HFTokenizer", "num_gpus=1", "distributed_backend=gloo",
                  "fp16={enabled: false}", "bf16={enabled: true}", f"save={tmp_path / 'ckpt'}",
-                 f"master_port={free_port()}", timeout=120, env=clean_env())
+                 # splits of the small data that hold a batch of 2048-token samples each
+                 "split=900,50,50", f"master_port={free_port()}", timeout=120, env=clean_env())
     assert proc.returncode == 1, explain(proc)
     err = proc.stderr
     assert "memory estimate for train.py (tp=1 pp=1 dp=1 ZeRO 1, cpu): ~" in err, explain(proc)
