@@ -31,6 +31,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from megatron.evaluation.hub import offline_env
 from megatron.launching.local import LocalLaunch, local_launch, run_local
 from megatron.launching.pdsh import (FAN_OUT, PdshLaunch, check_pdsh, check_ssh, deepspeed_env_files,
                                      first_host_address, node_command, node_exports, pdsh_argv,
@@ -38,7 +39,7 @@ from megatron.launching.pdsh import (FAN_OUT, PdshLaunch, check_pdsh, check_ssh,
 from megatron.launching.runner import run_runner
 from megatron.launching.secrets import (ENV_FILE_VAR, STARTUP_VARS, Redactor, secret_values,
                                         write_env_file as write_secrets_file)
-from megatron.launching.stopping import LAUNCH_ID_VAR, kill_tagged, new_launch_id
+from megatron.launching.stopping import LAUNCH_ID_VAR, kill_tagged, new_launch_id, workers_on_stop
 from megatron.monitoring.logger import get_logger, setup_logging
 from megatron.neox_arguments.sections.launcher import MPI_LAUNCHERS, MULTI_NODE_MASTER_PORT
 
@@ -67,6 +68,7 @@ class LaunchPlan:
     local: LocalLaunch | None = None
     secrets: dict[str, str] = field(default_factory=dict)
     pdsh: PdshLaunch | None = None  # set when pdsh runs the node launchers (argv: one worker's)
+    on_stop: str = "which stop"  # what the workers do on deepy.py's SIGTERM (workers_on_stop)
 
 
 def read_hostfile(path: str) -> dict[str, int]:
@@ -178,6 +180,11 @@ def local_master_port(configured: int | None) -> int:
 
 def plan_launch(args, script: str, python: str = sys.executable) -> LaunchPlan:
     """Build the launch command for `script` with the resolved config `args`."""
+    return dataclasses.replace(_plan(args, script, python),
+                               on_stop=workers_on_stop(args, script))
+
+
+def _plan(args, script: str, python: str) -> LaunchPlan:
     la = args.launcher
     if la.hostfile:
         pool = read_hostfile(la.hostfile)
@@ -360,7 +367,9 @@ def run_once(args, script: str) -> int:
     # checked at the world the plan starts (its data-parallel degree), on this machine's workers
     preflight(args.with_world_size(plan.world_size), script,
               workers_here=max(len(slots) for slots in plan.hosts.values()))
-    return run_plan(args, plan)
+    tasks = args.eval.eval_tasks if Path(script).name in ("train.py", "eval.py") else None
+    hub = offline_env(tasks, {**os.environ, **plan.env})
+    return run_plan(args, dataclasses.replace(plan, env={**plan.env, **hub}))
 
 
 def run_plan(args, plan: LaunchPlan) -> int:
@@ -376,7 +385,7 @@ def run_plan(args, plan: LaunchPlan) -> int:
                      len(here.ranks), here.host, here.ranks[0], here.ranks[-1], plan.world_size,
                      here.master_addr, here.master_port)
             return run_local(plan.argv, {**env, **plan.secrets}, here, la.signal_grace_seconds,
-                             launch_id)
+                             launch_id, on_stop=plan.on_stop)
         if plan.pdsh is not None:
             return _run_through_pdsh(args, plan, env, launch_id)
         return _run_through_runner(args, plan, env, launch_id)
@@ -412,7 +421,7 @@ def _run_through_pdsh(args, plan: LaunchPlan, env: dict[str, str], launch_id: st
                  FAN_OUT, ",".join(plan.hosts), plan.argv[0], ", ".join(exports))
         log.debug("pdsh command: %s", redactor.clean(" ".join(pdsh_argv(
             plan.hosts, node_command(nodes, launch_id, plan.argv, exports)))))
-        return run_pdsh(nodes, plan.argv, exports, env, launch_id, redactor)
+        return run_pdsh(nodes, plan.argv, exports, env, launch_id, redactor, plan.on_stop)
     finally:
         if path:
             Path(path).unlink(missing_ok=True)
@@ -436,7 +445,8 @@ def _run_through_runner(args, plan: LaunchPlan, env: dict[str, str], launch_id: 
                  len(plan.hosts), la.launcher, " ".join(plan.argv).replace(encoded, "<config>"))
         return run_runner(plan.argv, env, la.signal_grace_seconds, launch_id,
                           Redactor(plan.secrets, [encoded]), plan.world_size,
-                          through_mpirun=la.launcher in (*MPI_LAUNCHERS, "slurm"))
+                          through_mpirun=la.launcher in (*MPI_LAUNCHERS, "slurm"),
+                          on_stop=plan.on_stop)
     finally:  # the secrets file: gone with the run
         for path in files:
             Path(path).unlink(missing_ok=True)

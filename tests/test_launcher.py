@@ -245,3 +245,18 @@ def test_a_worker_script_started_alone_says_the_deepy_command_with_its_path(monk
     with pytest.raises(ValueError, match=r"expects --neox_args; start it as: python deepy.py "
                                          r"tools/ckpts/reshard.py <config.yml>"):
         worker_args(sys.argv[1:])
+
+
+@pytest.mark.parametrize("script, overrides, said", [
+    ("train.py", {"save": "/tmp/ck"}, "which stop after the current step and save"),
+    ("train.py", {"save": "null"},
+     "which stop after the current step (no checkpoint: 'save' is not set)"),
+    ("train.py", {"save": "/tmp/ck", "save_on_signal": "false"},
+     "which stop after the current step without saving (save_on_signal is false)"),
+    ("eval.py", {"save": "/tmp/ck"}, "which stop at once"),
+    ("generate.py", {}, "which stop at once"),
+])
+def test_the_plan_says_what_the_workers_do_on_a_signal_as_the_script_and_config_decide(
+        script, overrides, said):
+    """deepy.py's line on SIGTERM / SIGINT promises a save only where the workers make one."""
+    assert plan_launch(args(**overrides), script).on_stop == said

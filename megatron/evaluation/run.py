@@ -11,9 +11,11 @@ the run's trackers (metrics.jsonl in log_dir, TensorBoard, wandb, Comet) as
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
+from megatron.evaluation.hub import fetch_failure
 from megatron.monitoring.logger import get_logger, print_rank_0
 from megatron.text_generation.runtime import inference_runtime
 
@@ -76,9 +78,7 @@ def evaluate_tasks(lm, names, manager, ev, seed: int) -> dict | None:
             bootstrap_iters=ev.eval_bootstrap_iters, task_manager=manager, log_samples=False,
             random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed)
     except ConnectionError as err:  # a registry task's dataset could not be downloaded
-        raise RuntimeError(f"lm-eval could not fetch a task's dataset ({err}); registry tasks "
-                           "download from the Hugging Face Hub on first use: check the network, "
-                           "or pre-fill the datasets cache and set HF_DATASETS_OFFLINE=1") from None
+        raise RuntimeError(fetch_failure(err, os.environ)) from None
 
 
 def _report(args, results: dict, iteration: int | None) -> None:

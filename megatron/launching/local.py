@@ -117,7 +117,7 @@ def death_line(launch: LocalLaunch, local_ranks: int | list[int], returncode: in
 
 
 def run_local(argv: list[str], env: dict[str, str], launch: LocalLaunch, grace_seconds: float,
-              launch_id: str, abort_signal: int | None = None) -> int:
+              launch_id: str, abort_signal: int | None = None, on_stop: str = "which stop") -> int:
     """Start `argv` once per local rank, watch the workers, return the run's status.
 
     `abort_signal` (the node launcher of a pdsh launch: SIGUSR1) says that a worker on another
@@ -130,7 +130,7 @@ def run_local(argv: list[str], env: dict[str, str], launch: LocalLaunch, grace_s
     previous = signal.signal(abort_signal, watch.note_abort) if abort_signal else None
     try:
         with DeepySignals(grace_seconds, lambda signum: send(procs, signum),
-                          announce=not abort_signal) as signals:
+                          announce=not abort_signal, on_stop=on_stop) as signals:
             for local_rank, rank in enumerate(launch.ranks):
                 with output.pipes(rank) as (out, err):
                     procs.append(subprocess.Popen(

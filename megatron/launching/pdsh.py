@@ -205,7 +205,8 @@ class _Nodes:
 
 
 def run_pdsh(launch: PdshLaunch, worker_argv: list[str], exports: dict[str, str],
-             env: dict[str, str], launch_id: str, redactor: Redactor) -> int:
+             env: dict[str, str], launch_id: str, redactor: Redactor,
+             on_stop: str = "which stop") -> int:
     """Run the launch to its end; 0, the first failed node's status, or 128 + the signal that
     stopped deepy.py."""
     nodes = _Nodes(launch, launch_id, env)
@@ -216,7 +217,7 @@ def run_pdsh(launch: PdshLaunch, worker_argv: list[str], exports: dict[str, str]
     threads = [relay(proc.stdout, sys.stdout, redactor),
                relay(proc.stderr, sys.stderr, redactor, rewrite=nodes.line, merger=merger)]
     forward = lambda signum: nodes.send("INT" if signum == signal.SIGINT else "TERM")  # noqa: E731
-    with DeepySignals(launch.grace_seconds, forward) as signals:
+    with DeepySignals(launch.grace_seconds, forward, on_stop=on_stop) as signals:
         while proc.poll() is None:
             if nodes.first_failure not in (0, *PREEMPTED) and not nodes.aborted \
                     and not signals.signum:

@@ -147,7 +147,8 @@ def _orderly_stop_box(lines: list[str]) -> bool:
 
 
 def run_runner(argv: list[str], env: dict[str, str], grace_seconds: float, launch_id: str,
-               redactor: Redactor, world_size: int, through_mpirun: bool = False) -> int:
+               redactor: Redactor, world_size: int, through_mpirun: bool = False,
+               on_stop: str = "which stop") -> int:
     """Run DeepSpeed's runner `argv` to its end; the run's status (see launch_local for 128+S).
     `through_mpirun`: the runner starts mpirun or srun, which gets deepy.py's stop as SIGUSR1."""
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -166,7 +167,7 @@ def run_runner(argv: list[str], env: dict[str, str], grace_seconds: float, launc
         if not mpiruns:
             _signal_group(proc.pid, signum)
 
-    with DeepySignals(grace_seconds, forward) as signals:
+    with DeepySignals(grace_seconds, forward, on_stop=on_stop) as signals:
         while proc.poll() is None or (signals.signum and not signals.expired()
                                       and tagged(launch_id)):
             if signals.expired() and proc.poll() is None:

@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Callable
 
 import psutil
@@ -33,12 +34,26 @@ def new_launch_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
+def workers_on_stop(args, script: str) -> str:
+    """What `script`'s workers do on deepy.py's first SIGTERM / SIGINT, as deepy.py announces
+    it: only train.py finishes its step (and saves when it can); the others just end."""
+    if Path(script).name != "train.py":
+        return "which stop at once"
+    ck = args.checkpoint
+    if not ck.save:
+        return "which stop after the current step (no checkpoint: 'save' is not set)"
+    if not ck.save_on_signal:
+        return "which stop after the current step without saving (save_on_signal is false)"
+    return "which stop after the current step and save"
+
+
 class DeepySignals:
     """Notes deepy.py's SIGTERM / SIGINT while installed and hands each to `forward`."""
 
     def __init__(self, grace_seconds: float, forward: Callable[[int], None],
-                 announce: bool = True):
+                 announce: bool = True, on_stop: str = "which stop"):
         self.grace, self.forward, self.announce = grace_seconds, forward, announce
+        self.on_stop = on_stop  # what the workers do, from workers_on_stop
         self.signum = 0
         self.deadline: float | None = None
         self._previous: dict[int, object] = {}
@@ -58,8 +73,8 @@ class DeepySignals:
             self.signum = signum
             self.deadline = time.monotonic() + self.grace
             if self.announce:  # a pdsh node launcher's signal is deepy.py's, said there
-                print(f"deepy.py: received {name}: passing it to the workers, which stop after the "
-                      f"current step and save; waiting up to signal_grace_seconds="
+                print(f"deepy.py: received {name}: passing it to the workers, {self.on_stop}; "
+                      f"waiting up to signal_grace_seconds="
                       f"{self.grace:g} s (send it again to stop sooner)", file=sys.stderr,
                       flush=True)
         else:
