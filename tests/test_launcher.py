@@ -254,7 +254,9 @@ def test_a_worker_script_started_alone_says_the_deepy_command_with_its_path(monk
     ("train.py", {"save": "/tmp/ck", "save_on_signal": "false"},
      "which stop after the current step without saving (save_on_signal is false)"),
     ("eval.py", {"save": "/tmp/ck"}, "which stop at once"),
-    ("generate.py", {}, "which stop at once"),
+    ("generate.py", {"text_gen_type": "unconditional"},
+     "which stop after the current batch and write the samples done so far"),
+    ("generate.py", {"text_gen_type": "interactive"}, "which stop at once"),
 ])
 def test_the_plan_says_what_the_workers_do_on_a_signal_as_the_script_and_config_decide(
         script, overrides, said):

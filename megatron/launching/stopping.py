@@ -36,8 +36,12 @@ def new_launch_id() -> str:
 
 def workers_on_stop(args, script: str) -> str:
     """What `script`'s workers do on deepy.py's first SIGTERM / SIGINT, as deepy.py announces
-    it: only train.py finishes its step (and saves when it can); the others just end."""
-    if Path(script).name != "train.py":
+    it: train.py finishes its step (and saves when it can), generate.py its batch (and writes
+    the samples done); the others just end."""
+    name = Path(script).name
+    if name == "generate.py" and args.derived.text_gen_type != "interactive":
+        return "which stop after the current batch and write the samples done so far"
+    if name != "train.py":
         return "which stop at once"
     ck = args.checkpoint
     if not ck.save:

@@ -41,10 +41,12 @@ class Preempted(Exception):
 
 
 class StopSignals:
-    """Notes SIGTERM / SIGINT while installed (the main thread's handlers)."""
+    """Notes SIGTERM / SIGINT while installed (the main thread's handlers); `plan` is what the
+    warning on the first one says the process will do."""
 
-    def __init__(self):
+    def __init__(self, plan: str = "stopping after this step, with a checkpoint"):
         self.received = 0
+        self.plan = plan
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> "StopSignals":
@@ -61,8 +63,7 @@ class StopSignals:
             raise KeyboardInterrupt  # the second Ctrl-C: stop now
         if not self.received:
             self.received = signum
-            log.warning("received %s: stopping after this step, with a checkpoint%s",
-                        signal.Signals(signum).name,
+            log.warning("received %s: %s%s", signal.Signals(signum).name, self.plan,
                         " (a second Ctrl-C stops at once)" if signum == signal.SIGINT else "")
 
     def agreed(self) -> int:

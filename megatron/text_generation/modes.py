@@ -1,7 +1,9 @@
 """generate.py's work: prompts by mode (unconditional, input-file, interactive) -> JSON lines.
 
-Every rank runs `run_generation(args)`. Replicas split the prompts (prompt i goes to replica
-i % replicas), global rank 0 gathers and writes `sample_output_file`, one JSON object per line:
+Every rank runs `run_generation(args)`. The prompts go longest first, in rounds of one batch
+per replica (`generation_batch_size` prompts each); after each round the ranks agree whether a
+stop signal came, and a stop writes the samples done so far (Preempted, status 128 + signal).
+Global rank 0 gathers and writes `sample_output_file`, in index order, one JSON object per line:
 
     {"index": 0, "context": "...", "text": "...", "prompt_token_ids": [...], "token_ids": [...],
      "length": 12, "finished": true, "stop_reason": "stop_token", "duration_seconds": 0.41,
@@ -19,12 +21,15 @@ and appends it to the output file.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import TextIO
 
 from megatron.monitoring.logger import get_logger, print_rank_0
+from megatron.monitoring.progress import progress
+from megatron.safety.signals import Preempted, StopSignals
 from megatron.text_generation.checks import validate_stop_ids, validate_stop_strings
 from megatron.text_generation.generation import cut_at_stop, generate, stop_string_checker
 from megatron.text_generation.prompts import check_lengths, prompt_tokens, read_prompts
@@ -48,24 +53,24 @@ class _Sampler:
     def encode(self, text: str) -> list[int]:
         return prompt_tokens(self.tok, text)
 
-    def check(self, prompts: list[list[int]], first_index: int = 0) -> None:
-        check_lengths([len(p) for p in prompts], self.tg.maximum_tokens,  # A14
+    def check_lengths(self, lengths: list[int], first_index: int = 0) -> None:
+        check_lengths(lengths, self.tg.maximum_tokens,  # A14
                       self.rt.args.model.max_position_embeddings, first_index)
 
-    def records(self, texts: list[str], first_index: int = 0) -> list[dict]:
-        """Records for every prompt (gathered on every rank), prompt i numbered first_index + i."""
+    def records(self, texts: list[str], indices: list[int]) -> list[dict]:
+        """Records for every prompt (gathered on every rank), texts[j] numbered indices[j]."""
         rt = self.rt
         prompts = [self.encode(t) for t in texts]
         mine = rt.replicas.split(len(prompts))
         generators = None
         if not self.params.greedy:
-            generators = seeded_generators(rt.args.training.seed,
-                                           [first_index + i for i in mine], rt.model.device)
+            generators = seeded_generators(rt.args.training.seed, [indices[i] for i in mine],
+                                           rt.model.device)
         results = generate(rt.model, [prompts[i] for i in mine], self.tg.maximum_tokens,
                            self.params, self.stop_ids, self.tg.generation_batch_size, generators,
                            use_cache=not self.tg.recompute, text_stop=self.text_stop,
                            pad_id=self.tok.pad)
-        local = [self._record(first_index + i, texts[i], g) for i, g in zip(mine, results)]
+        local = [self._record(indices[i], texts[i], g) for i, g in zip(mine, results)]
         return rt.replicas.gather(local, len(prompts))
 
     def _record(self, index: int, context: str, g) -> dict:
@@ -114,18 +119,45 @@ def run_generation(args, stdin: TextIO | None = None, stdout: TextIO | None = No
             tg = args.text_generation
             texts = _from_rank_0(rt.replicas.writer,
                                  lambda: read_prompts(tg.sample_input_file, tg.prompt_end))
-        sampler.check([sampler.encode(t) for t in texts])  # before the weights load
+        lengths = [len(sampler.encode(t)) for t in texts]
+        sampler.check_lengths(lengths)  # before the weights load
         rt.load_model()
         began = time.perf_counter()
-        records = sampler.records(texts)
+        records, signum = _in_rounds(sampler, texts, lengths)
+        out = args.derived.sample_output_path
         if rt.replicas.writer:
-            _write(records, args.derived.sample_output_path, "w")
+            _write(records, out, "w")
             tokens = sum(r["length"] for r in records)
             seconds = time.perf_counter() - began
             print_rank_0(f"generated {len(records)} sample(s), {tokens} tokens in {seconds:.2f} s "
-                         f"({tokens / max(seconds, 1e-9):.1f} tokens/s); wrote "
-                         f"{args.derived.sample_output_path}")
+                         f"({tokens / max(seconds, 1e-9):.1f} tokens/s); wrote {out}")
+        if signum:
+            raise Preempted(signum, f"stopped ({signal.Signals(signum).name}) after "
+                                    f"{len(records)} of {len(texts)} sample(s): {out} holds "
+                                    "those, each with its prompt's index")
         return records
+
+
+def _in_rounds(sampler: _Sampler, texts: list[str], lengths: list[int]) -> tuple[list, int]:
+    """(records in index order, 0) for every prompt, or (those done, the signal) after a stop
+    signal. Prompts go longest first in rounds of one batch per replica; the ranks agree after
+    each round whether a signal asks them to stop."""
+    rt = sampler.rt
+    order = sorted(range(len(texts)), key=lambda i: -lengths[i])
+    size = rt.replicas.count * sampler.tg.generation_batch_size
+    rounds = [order[s:s + size] for s in range(0, len(order), size)]
+    done: list[dict] = []
+    signum = 0
+    with StopSignals("stopping after this batch; the samples done so far are written") as stops:
+        for rows in progress(rounds, desc="generating", unit="batch") if len(rounds) > 1 \
+                else rounds:
+            done += sampler.records([texts[i] for i in rows], rows)
+            signum = stops.agreed()
+            if signum:
+                break
+    if len(done) == len(texts):
+        signum = 0  # the signal came with the last round: nothing is missing
+    return sorted(done, key=lambda r: r["index"]), signum
 
 
 def _interactive(sampler: _Sampler, stdin: TextIO, stdout: TextIO) -> list[dict]:
@@ -148,12 +180,12 @@ def _interactive(sampler: _Sampler, stdin: TextIO, stdout: TextIO) -> list[dict]
         if line is None:
             return records
         try:
-            sampler.check([sampler.encode(line)], index)
+            sampler.check_lengths([len(sampler.encode(line))], index)
         except ValueError as err:  # a too-long prompt ends that prompt, not the session
             if rt.replicas.writer:
                 stdout.write(f"error: {err}\n")
             continue
-        record = sampler.records([line], index)[0]
+        record = sampler.records([line], [index])[0]
         index += 1
         records.append(record)
         if rt.replicas.writer:

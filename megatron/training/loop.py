@@ -250,7 +250,7 @@ def _train(args, engine, state: RunState, iterators, train_log: TrainLog, datase
     train_iter, valid_iter, test_iter = iterators
     guard = StepGuard.from_args(t)
     summary = RunSummary(args, state.iteration)
-    with StopSignals() as stops:
+    with StopSignals(_plan_on_signal(ck)) as stops:
         saved_at = _train_steps(args, engine, state, train_iter, valid_iter, train_log, datasets,
                                 guard, stops, profiler, summary, tasks)
     finished = state.iteration >= t.train_iters
@@ -337,6 +337,15 @@ def _scaled_step(args, engine, train_iter, iteration: int):
             f"training stopped: iteration {iteration}: the gradients overflow fp16 at its "
             f"minimum loss scale (fp16.min_loss_scale {floor}), so no step can be applied. "
             f"Lower the learning rate, or train in bf16. {_last_good(args)}") from None
+
+
+def _plan_on_signal(ck) -> str:
+    """What a stop signal makes the run do, as its warning says it."""
+    if not ck.save:
+        return "stopping after this step, without a checkpoint ('save' is not set)"
+    if not ck.save_on_signal:
+        return "stopping after this step, without a checkpoint (save_on_signal is false)"
+    return "stopping after this step, with a checkpoint"
 
 
 def _stop_on_signal(args, engine, state: RunState, guard, datasets, signum: int,

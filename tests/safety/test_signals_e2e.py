@@ -88,3 +88,5 @@ def test_save_on_signal_false_stops_without_a_checkpoint(small_data, tmp_path):
     assert not (run / "ckpt").exists() or not list((run / "ckpt").glob("global_step*")), out
     assert "preempted (SIGTERM) at iteration " in out and "; no checkpoint saved" in out, \
         out[-3000:]
+    assert "received SIGTERM: stopping after this step, without a checkpoint (save_on_signal " \
+           "is false)" in out, out[-3000:]

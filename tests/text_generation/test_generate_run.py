@@ -6,6 +6,7 @@ import json
 import logging
 import re
 import socket
+import time
 
 import pytest
 
@@ -129,3 +130,46 @@ def test_samples_go_under_log_dir_when_no_output_file_is_given(trained, tmp_path
     assert read_jsonl(out) == records and len(records) == 2
     assert f"; wrote {out}\n" in capsys.readouterr().out
     assert set(ROOT.iterdir()) == before
+
+
+def test_sigterm_to_deepy_keeps_the_samples_generated_so_far(trained, tmp_path, one_rank):
+    """A preempted generate.py (2 replicas) finishes its batch, writes every sample done, in
+    index order and equal to the same samples of an uninterrupted run, and exits 143."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.runs import wait_for_text
+
+    out, log_path = tmp_path / "samples.jsonl", tmp_path / "deepy.log"
+    settings = dict(text_gen_type="unconditional", maximum_tokens=6, temperature=1.0,
+                    generation_batch_size=2)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "deepy.py"), "generate.py", *CONFIGS,
+             *trained["overrides"], "num_gpus=2", "num_samples=100000",
+             f"sample_output_file={out}", *[f"{k}={v}" for k, v in settings.items()],
+             f"master_port={free_port()}", "distributed_timeout_minutes=1"],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            wait_for_text(log_path, "] loaded ", proc)
+            time.sleep(3)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=120) == 143, log_path.read_text()[-3000:]
+        finally:
+            proc.kill()
+    said = log_path.read_text()
+    assert "deepy.py: received SIGTERM: passing it to the workers, which stop after the current " \
+           "batch and write the samples done so far;" in said, said[-3000:]
+    written = read_jsonl(out)
+    done = len(written)
+    assert 0 < done < 100000
+    assert re.search(rf"\nstopped \(SIGTERM\) after {done} of 100000 sample\(s\): {out} holds "
+                     r"those, each with its prompt's index\n", said), said[-3000:]
+    assert "Traceback" not in said
+    # equal prompts go in index order: the first `done` samples, as a run of just those gives
+    assert [r["index"] for r in written] == list(range(done))
+    first = run_generation(make_args(trained, tmp_path, num_samples=min(done, 8),
+                                     sample_output_file=str(tmp_path / "first.jsonl"),
+                                     **settings))
+    assert [r["token_ids"] for r in written[:len(first)]] == [r["token_ids"] for r in first]
