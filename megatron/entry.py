@@ -23,7 +23,8 @@ from megatron.monitoring.logger import setup_logging
 from megatron.safety.signals import Preempted
 
 # ImportError: an optional package a chosen feature needs is missing (its message says which)
-USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError, PermissionError, ImportError)
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
+               RuntimeError, PermissionError, ImportError)
 
 
 CONFIG_SUFFIXES = (".yml", ".yaml", ".json")
