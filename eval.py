@@ -1,4 +1,4 @@
-"""Score a trained checkpoint on lm-eval tasks (runs on every worker); start it with the launcher:
+r"""Score a trained checkpoint on lm-eval tasks (runs on every worker); start it with the launcher:
 
     python deepy.py eval.py configs/tiny.yml eval_tasks='[lambada_openai, hellaswag]'
     python deepy.py eval.py configs/tiny.yml eval_tasks='[path/to/my_task.yaml]' eval_limit=50

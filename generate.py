@@ -1,4 +1,4 @@
-"""Sample text from a trained checkpoint (runs on every worker). Start it through the launcher:
+r"""Sample text from a trained checkpoint (runs on every worker). Start it through the launcher:
 
     python deepy.py generate.py configs/tiny.yml configs/text_generation.yml
     python deepy.py generate.py configs/tiny.yml configs/text_generation.yml \

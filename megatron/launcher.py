@@ -337,6 +337,17 @@ def worker_args(argv: list[str]):
     return args
 
 
+def script_help(script: str) -> str:
+    """`deepy.py <script> --help`: the script's own description (its module docstring, read
+    without running it) and where the config keys it takes are listed."""
+    import ast
+
+    doc = ast.get_docstring(ast.parse(Path(script).read_text(encoding="utf-8"))) or ""
+    return (f"{doc}\n\n" if doc else "") + (
+        f"usage: python deepy.py {script} configs/a.yml [configs/b.yml] [key=value ...]\n"
+        "Every config key, with its default and meaning: configs/README.md")
+
+
 def launch(script: str, argv: list[str]) -> int:
     """Resolve the config named on the command line and run `script` on every worker."""
     from megatron.entry import split_command_line
@@ -350,6 +361,9 @@ def launch(script: str, argv: list[str]) -> int:
     if not Path(script).is_file():
         raise FileNotFoundError(f"script {script} does not exist; usage: python deepy.py "
                                 "train.py configs/a.yml [configs/b.yml] [key=value ...]")
+    if any(a in ("-h", "--help") for a in argv):
+        print(script_help(script))
+        return 0
     files, overrides = split_command_line(argv)
     if not files:
         raise ValueError("no config file given; usage: python deepy.py train.py configs/a.yml "

@@ -80,9 +80,9 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
         _check_memory(args, name, tokenizer, workers_here)
         return
     if name == "reshard.py":
-        from megatron.checkpointing.locate import check_reshard_settings
+        from megatron.checkpointing.locate import reshard_source
 
-        check_reshard_settings(args.checkpoint)
+        args = args.replace(iteration=reshard_source(args.checkpoint))
     tokenizer = _tokenizer(args)
     if name in MEMORY_SCRIPTS:
         _check_memory(args, name, tokenizer, workers_here)

@@ -34,14 +34,20 @@ log = get_logger(__name__)
 LOADED_FROM = "loaded_from"  # key of the returned dict: the step directory that was loaded
 
 
-def load_checkpoint(engine, ck) -> dict:
+# what to do when no checkpoint of `load` verifies, as training can choose
+NO_VALID_ADVICE = ("Restore the files from a backup, pick another with iteration=<N>, or remove "
+                   "`load` to start from scratch")
+
+
+def load_checkpoint(engine, ck, advice: str = NO_VALID_ADVICE) -> dict:
     """Load `ck.load` (its newest valid checkpoint, or the chosen `ck.iteration`) into the
     engine; `ck` is the checkpoint section of the config, `engine.run` describes the run.
 
     Returns the saved client state (iteration, consumed samples, ...) and, under LOADED_FROM,
     the step directory loaded; {} when there is nothing to load, only LOADED_FROM with
     `finetune` (weights only, iteration count restarts). `no_load_optim` keeps
-    the fresh optimizer and LR schedule, `no_load_rng` the seeded generators. Collective.
+    the fresh optimizer and LR schedule, `no_load_rng` the seeded generators. `advice` ends
+    the error when no checkpoint verifies. Collective.
     """
     if not ck.load:
         return {}
@@ -82,8 +88,7 @@ def load_checkpoint(engine, ck) -> dict:
     raise NoValidCheckpointError(
         f"no checkpoint in {root} can be loaded:\n"
         + "\n".join(f"  {tag}:\n    - " + "\n    - ".join(p) for tag, p in rejected)
-        + "\nRestore the files from a backup, pick another with iteration=<N>, or remove `load` "
-        "to start from scratch")
+        + "\n" + advice)
 
 
 def _agreed_candidates(root: Path, iteration: int | None) -> list[str]:

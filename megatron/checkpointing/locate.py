@@ -51,11 +51,12 @@ def find_candidates(root: Path, iteration: int | None, fallback: bool = True
     latest = read_latest(root)
     if latest is None:
         if not fallback:
-            raise FileNotFoundError(
-                f"no checkpoint to load in {root}: it has no '{LATEST}' file (checkpoints found: "
-                + (f"{', '.join(reversed(saved))}); pick one with iteration=<N> (--iteration "
-                   "in the tools) or give its global_step<N> directory" if saved else
-                   "none); give the directory a run saved to"))
+            state = "an empty" if (root / LATEST).is_file() else "no"
+            found = (f"{', '.join(reversed(saved))}); pick one with iteration=<N> (--iteration "
+                     "in the tools) or give its global_step<N> directory" if saved else
+                     "none); give the directory a run saved to")
+            raise FileNotFoundError(f"no checkpoint to load in {root}: it has {state} '{LATEST}' "
+                                    f"file (checkpoints found: {found}")
         notes = [f"{root / LATEST} is missing but {root} holds {', '.join(saved)}: loading the "
                  "newest one that verifies"] if saved else []
         return saved, notes
@@ -90,6 +91,26 @@ def check_reshard_settings(ck) -> None:
         raise ValueError("resharding keeps the whole state; remove finetune / no_load_optim")
 
 
+def reshard_source(ck) -> int:
+    """The iteration tools/ckpts/reshard.py rewrites: `iteration`, else the one `latest` names,
+    never an older one in its place (a damaged one is refused when it is verified); its
+    global_step directory must not exist in `save` yet, as a checkpoint is never overwritten."""
+    check_reshard_settings(ck)
+    load = Path(ck.load)
+    if load.is_dir() and _one_checkpoint(load):
+        own = iteration_of(load.name)
+        raise ValueError(f"load={ck.load} is one checkpoint; set load to the directory that "
+                         f"holds it ({load.parent})"
+                         + (f" and iteration={own}" if own is not None else ""))
+    step = step_directory(load, ck.iteration, key="load")
+    iteration = iteration_of(step.name)
+    target = Path(ck.save) / tag_for(iteration)
+    if target.exists():
+        raise FileExistsError(f"{target} already exists: resharding never overwrites a "
+                              "checkpoint; choose another 'save' directory, or remove that one")
+    return iteration
+
+
 def step_directory(path: Path, iteration: int | None = None, key: str | None = None) -> Path:
     """A reader's checkpoint: `path` itself when it is one (a global_step<N> directory), else
     the save directory's `iteration`, else the one its `latest` names (find_candidates without
@@ -101,11 +122,22 @@ def step_directory(path: Path, iteration: int | None = None, key: str | None = N
             raise FileNotFoundError(f"checkpoint directory {path}{where} is a file: give the "
                                     "directory a run saved to, or one global_step<N> in it")
         raise FileNotFoundError(f"checkpoint directory {path}{where} does not exist")
-    if iteration is None and (iteration_of(path.name) is not None
-                              or (path / MANIFEST_NAME).is_file()):
-        return path
+    if _one_checkpoint(path):
+        own = iteration_of(path.name)
+        if iteration is None or iteration == own:
+            return path
+        raise FileNotFoundError(
+            f"{path} is one checkpoint" + (f" (iteration {own})" if own is not None else "")
+            + f", but iteration={iteration} asks for another: give the directory that holds "
+            f"them ({path.parent}) with iteration={iteration}, or this one without iteration")
     tags, _ = find_candidates(path, iteration, fallback=False)
     return path / tags[0]
+
+
+def _one_checkpoint(path: Path) -> bool:
+    """Whether `path` is a checkpoint (a global_step<N> directory, or one with a manifest)
+    rather than a save directory holding them."""
+    return iteration_of(path.name) is not None or (path / MANIFEST_NAME).is_file()
 
 
 def planned_manifest(root: Path, iteration: int | None) -> Manifest | None:

@@ -29,14 +29,15 @@ def describe_checkpoint(path: Path, iteration: int | None = None, verify: bool =
     except CorruptFileError as err:
         return [f"checkpoint {step}"], [str(err)]
     run, state = manifest.run, manifest.client_state
-    layout = ", ".join(f"{k} {run.get(k)}" for k in ("tp", "pp", "dp", "zero_stage", "precision"))
-    dense = run.get("moe_num_experts", 1) == 1  # a dense model: its MoE keys say nothing
-    shape = ", ".join(f"{k} {run[k]}" for k in SHAPE_KEYS
-                      if k in run and not (dense and k.startswith("moe_")))
+    # a checkpoint written from weights alone (an import) has no data-parallel layout
+    layout = ", ".join(f"{k} {run[k]}" for k in ("tp", "pp", "dp", "zero_stage", "precision")
+                       if run.get(k) is not None)
+    shape = ", ".join(f"{k} {run[k]}" for k in SHAPE_KEYS if k in run and not _unused(k, run))
     held = ["weights"] + [k for k, v in manifest.contents.items() if v is True and k != "engine"]
+    consumed = state.get("consumed_train_samples")
     lines = [f"checkpoint {step} (format {manifest.format_version})",
-             f"iteration {manifest.iteration}, consumed samples "
-             f"{state.get('consumed_train_samples', 'unknown')}",
+             f"iteration {manifest.iteration}" + (f", consumed samples {consumed}"
+                                                  if consumed is not None else ""),
              f"layout: {layout}", f"model: {shape}", f"holds: {', '.join(held)}",
              f"files: {len(manifest.files)}, {manifest.total_bytes / 2**20:.1f} MiB",
              "written with " + ", ".join(f"{k} {v}" for k, v in manifest.versions.items())]
@@ -54,3 +55,13 @@ def describe_checkpoint(path: Path, iteration: int | None = None, verify: bool =
                   "sizes checked (--verify also hashes every file)") if not problems else
                  f"{len(problems)} problem(s)")
     return lines, problems
+
+
+def _unused(key: str, run: dict) -> bool:
+    """A shape key that says nothing of this model: MoE keys of a dense one, Mamba keys of one
+    without Mamba layers."""
+    if key.startswith("moe_"):
+        return run.get("moe_num_experts", 1) == 1
+    if key.startswith("mamba_"):
+        return not run.get("mamba_layers")
+    return False

@@ -34,6 +34,7 @@ from .sections import FIELD_SECTION, SECTIONS
 log = get_logger(__name__)
 
 COMMAND_LINE = "command line"
+REPLACED = "replace()"  # NeoXArgs.replace: values the code sets, not the user
 FIELD_TYPES: dict[str, Any] = {
     name: tp for cls in SECTIONS.values() for name, tp in field_types(cls).items()
 }
@@ -210,8 +211,10 @@ def merge_layer(
             )
             line = f"{key}: {show(old)} ({old_source}) -> {show(value)} ({source})"
             resolved.log.append(line)
-            # the same value again changes nothing: kept in the record, not on the console
-            (log.debug if show(old) == show(value) else log.info)("config override %s", line)
+            # the same value again changes nothing, and the code's own changes (a tool's flag
+            # or a step of the run) are said by the code: kept in the record, not on the console
+            quiet = show(old) == show(value) or source == REPLACED
+            (log.debug if quiet else log.info)("config override %s", line)
         resolved.values[key] = value
         resolved.sources[key] = source
 

@@ -94,7 +94,7 @@ class NeoXArgs:
     def _from_layers(
         cls, layers: list, world_size: int | None, log: tuple[str, ...] = ()
     ) -> NeoXArgs:
-        resolved = load.resolve(layers, log_defaults_from=(load.COMMAND_LINE, "replace()"))
+        resolved = load.resolve(layers, log_defaults_from=(load.COMMAND_LINE, load.REPLACED))
         sections = load.build_sections(resolved.values)
         flat = _flat(sections)
         if world_size is not None and (
@@ -112,7 +112,7 @@ class NeoXArgs:
     def replace(self, world_size: int | None = None, **values: Any) -> NeoXArgs:
         """A new validated config with these flat keys changed (for `world_size` ranks when
         given, else the same world size rule)."""
-        layers = [("current config", self.to_dict()), ("replace()", values)]
+        layers = [("current config", self.to_dict()), (load.REPLACED, values)]
         world = self.world_size_override if world_size is None else world_size
         return self._from_layers(layers, world, self.overrides_log)
 

@@ -7,29 +7,39 @@ new layout (for runs that must start without reading the old one, or to ship it)
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import torch.distributed as dist
 
 from megatron.checkpointing import load_checkpoint, save_checkpoint
 from megatron.checkpointing.load import LOADED_FROM
-from megatron.checkpointing.locate import check_reshard_settings
+from megatron.checkpointing.locate import reshard_source
 from megatron.monitoring.progress import progress
 from megatron.mpu.initialize import destroy_distributed, init_distributed
 
 
 def reshard(args) -> Path:
-    """Load `load` (its latest checkpoint, or `iteration`) at this run's layout and save it to
-    `save` under the same iteration; returns the new checkpoint directory. Collective."""
-    check_reshard_settings(args.checkpoint)  # deepy.py checked them too
+    """Load `load` (the checkpoint its `latest` names, or `iteration`; never an older one in
+    its place) at this run's layout and save it to `save` under the same iteration; returns the
+    new checkpoint directory. A `save` directory this call created is removed when it fails.
+    Collective."""
+    iteration = reshard_source(args.checkpoint)  # deepy.py checked it too
+    created = not Path(args.checkpoint.save).exists()
     init_distributed(args.parallelism.distributed_backend,
                      args.launcher.distributed_timeout_minutes, args.launcher)
     try:
         # the checkpoint's learning-rate schedule is part of the state kept whole, whatever
         # train_iters, lr or warmup the config has; override_lr_scheduler writes the config's
         keep = not args.lr_schedule.override_lr_scheduler
-        return _reshard(args.replace(world_size=dist.get_world_size(),
+        return _reshard(args.replace(world_size=dist.get_world_size(), iteration=iteration,
                                      use_checkpoint_lr_scheduler=keep))
+    except BaseException:
+        rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+        if created and rank == 0:
+            shutil.rmtree(args.checkpoint.save, ignore_errors=True)
+        raise
     finally:
         destroy_distributed()
 
@@ -42,7 +52,9 @@ def _reshard(args) -> Path:
     with run_lock(args.checkpoint.save), progress(total=3, desc="reshard", unit="step") as bar:
         engine = setup_engine(args)[0]
         bar.update()
-        resumed = load_checkpoint(engine, args.checkpoint)
+        resumed = load_checkpoint(engine, args.checkpoint, advice=(
+            "Restore the files from a backup, or reshard another checkpoint with "
+            "iteration=<N>"))
         if not resumed:
             raise FileNotFoundError(f"no checkpoint to reshard in {args.checkpoint.load}")
         bar.update()

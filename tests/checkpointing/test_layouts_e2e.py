@@ -84,7 +84,8 @@ def test_the_reshard_tool_rewrites_a_tp2_pp2_checkpoint_at_tp1(small_data, tmp_p
     ({}, "'save' and 'load' are both {tmp}/ckpt: write the resharded checkpoint to another "
          "directory"),
     ({"load": "null"}, "resharding reads the checkpoint in 'load' and writes it to 'save': set both"),
-    ({"load": "{tmp}/empty", "save": "{tmp}/out"}, "no checkpoint to reshard in {tmp}/empty"),
+    ({"load": "{tmp}/empty", "save": "{tmp}/out"},
+     "no checkpoint to load in {tmp}/empty: it has no 'latest' file (checkpoints found: none)"),
 ], ids=["onto-its-input", "without-load", "nothing-to-reshard"])
 def test_the_reshard_tool_refuses_before_any_worker_starts(small_data, tmp_path, overrides,
                                                            message):

@@ -30,8 +30,11 @@ def test_a_checkpoint_is_described_from_its_manifest(save_dir, capsys):
     assert inspect_checkpoint.main([str(save_dir), "--verify"]) == 0
     out = capsys.readouterr().out
     assert f"checkpoint {save_dir / 'global_step3'} (format 1)" in out
-    assert "layout: tp 2, pp 1, dp None, zero_stage None, precision fp32" in out
-    assert "model: num_layers 4, hidden_size 128, num_attention_heads 4" in out
+    # written from weights alone: no data-parallel layout, no data position to report
+    assert "\niteration 3\nlayout: tp 2, pp 1, precision fp32\n" in out
+    model = next(line for line in out.splitlines() if line.startswith("model: "))
+    assert model.startswith("model: num_layers 4, hidden_size 128, num_attention_heads 4")
+    assert "mamba" not in model and "moe" not in model  # a dense transformer's unused keys
     assert "holds: weights\n" in out
     assert "verified: every file matches its size and sha256" in out
 
@@ -57,3 +60,18 @@ def test_a_missing_iteration_names_the_saved_ones(save_dir, capsys):
     assert f"{save_dir / 'global_step9'} (iteration=9) does not exist; saved iterations in " \
         f"{save_dir}: 3" in (
         capsys.readouterr().err)
+
+
+def test_a_checkpoint_given_with_another_iteration_and_an_empty_latest_are_named(save_dir,
+                                                                                  capsys):
+    step = save_dir / "global_step3"
+    assert inspect_checkpoint.main([str(step), "--iteration", "3"]) == 0
+    assert inspect_checkpoint.main([str(step), "--iteration", "4"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {step} is one checkpoint (iteration 3), but iteration=4 asks for another: give "
+        f"the directory that holds them ({save_dir}) with iteration=4, or this one without "
+        "iteration\n")
+    (save_dir / "latest").write_text("")
+    assert inspect_checkpoint.main([str(save_dir)]) == 2
+    assert f"no checkpoint to load in {save_dir}: it has an empty 'latest' file (checkpoints " \
+           "found: global_step3); pick one with iteration=<N>" in capsys.readouterr().err

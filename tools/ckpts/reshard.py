@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Rewrite a checkpoint at another parallel layout (tensor / pipeline / data-parallel degree,
+r"""Rewrite a checkpoint at another parallel layout (tensor / pipeline / data-parallel degree,
 ZeRO stage 0-3, fp32 or bf16), without training. Runs on the workers of the new layout:
 
     python deepy.py tools/ckpts/reshard.py configs/tiny.yml \

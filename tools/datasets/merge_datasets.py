@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Concatenate GPT-NeoX `.bin`/`.idx` token files into one dataset.
+r"""Concatenate GPT-NeoX `.bin`/`.idx` token files into one dataset.
 
     python tools/datasets/merge_datasets.py \
         --datasets data/a_text_document data/b_text_document --output-prefix data/ab_text_document

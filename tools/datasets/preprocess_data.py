@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Tokenize jsonl / jsonl.gz / txt files into GPT-NeoX `.bin`/`.idx` token files.
+r"""Tokenize jsonl / jsonl.gz / txt files into GPT-NeoX `.bin`/`.idx` token files.
 
     python tools/datasets/preprocess_data.py \
         --input data/mydata.jsonl --output-prefix data/mydata \

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Render conversations with a tokenizer's chat template into token and label files (SFT, DPO,
+r"""Render conversations with a tokenizer's chat template into token and label files (SFT, DPO,
 KTO, reward models), with GPT-NeoX's flags.
 
     python tools/datasets/preprocess_data_with_chat_template.py \

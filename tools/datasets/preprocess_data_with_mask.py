@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Tokenize documents into token files and a label file whose first part carries no loss, for
+r"""Tokenize documents into token files and a label file whose first part carries no loss, for
 models without a chat template; GPT-NeoX's flags, plus prompt/completion records.
 
     # GPT-NeoX's way: nothing up to and including the first "<|endoftext|>:" carries loss
