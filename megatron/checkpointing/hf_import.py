@@ -1,4 +1,5 @@
-"""Importing a local Hugging Face GPTNeoX or Llama model directory as a weights-only checkpoint.
+"""Importing a local Hugging Face GPTNeoX, Llama, Mixtral or Mamba model directory as a
+weights-only checkpoint.
 
     import_from_hf(Path("hf/pythia-160m"), args, Path("checkpoints/pythia"), tp=2, iteration=0)
 
@@ -9,12 +10,15 @@ the run config `args` must describe the same model (each differing key is named 
 values). HF's vocab_size may be smaller than the config's padded vocabulary (the tokenizer's
 size rounded up for make_vocab_size_divisible_by and tp): the embedding and LM head then get
 zero rows; larger is refused. The tensors keep the dtype of the HF files. The checkpoint is
-written by weights_only.write_weights_checkpoint.
+written by weights_only.write_weights_checkpoint. Every refusal that does not need the weights
+(options, config, an output directory that cannot be written or already holds this or a later
+iteration) comes before any weight is read; a damaged weight file is named.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import torch
@@ -35,11 +39,15 @@ def import_from_hf(hf_dir: Path, args, save_dir: Path, tp: int | None = None,
                    iteration: int = 0) -> Path:
     """Write the HF model in `hf_dir` as `<save_dir>/global_step<iteration>/` for `tp`
     tensor-parallel ranks (default: the config's model_parallel_size); returns that path."""
-    from megatron.checkpointing.weights_only import config_for_tp, write_weights_checkpoint
+    from megatron.checkpointing.weights_only import (check_new_iteration, config_for_tp,
+                                                     write_weights_checkpoint)
     from megatron.model.hf_mapping import canonical_from_hf, hf_model_config
     from megatron.checkpointing.reader import resize_vocab
 
-    hf_dir = Path(hf_dir)
+    if tp is not None and tp < 1:
+        raise ValueError(f"--tp {tp} must be at least 1 (the tensor-parallel degree to split "
+                         "for; leave --tp out for the config's model_parallel_size)")
+    hf_dir, save_dir = Path(hf_dir), Path(save_dir)
     hf_cfg = read_hf_config(hf_dir)
     _, hf_model = hf_model_config(hf_cfg)  # refused here, before any weight is read
     if tp is not None:
@@ -47,9 +55,10 @@ def import_from_hf(hf_dir: Path, args, save_dir: Path, tp: int | None = None,
     config, tokenizer_ids = _run_config(args)
     check_same_model(config, hf_model, tokenizer_ids, hf_dir)
     check_writable("--output_dir", save_dir)  # before any weight is read
+    check_new_iteration(save_dir, iteration)
     canonical, _ = canonical_from_hf(read_hf_weights(hf_dir), hf_cfg)
     canonical = resize_vocab(canonical, config.num_layers, config.padded_vocab_size)
-    return write_weights_checkpoint(Path(save_dir), iteration, canonical, args,
+    return write_weights_checkpoint(save_dir, iteration, canonical, args,
                                     args.parallelism.model_parallel_size)
 
 
@@ -57,6 +66,9 @@ def read_hf_config(hf_dir: Path):
     """The HF config of a local model directory; FileNotFoundError naming what is missing."""
     from transformers import AutoConfig
 
+    if hf_dir.is_file():
+        raise NotADirectoryError(f"--hf_model {hf_dir} is a file; give the Hugging Face model "
+                                 f"directory that holds it ({hf_dir.parent})")
     if not hf_dir.is_dir():
         raise FileNotFoundError(f"Hugging Face model directory {hf_dir} does not exist (only "
                                 "local directories are read; nothing is downloaded)")
@@ -78,8 +90,7 @@ def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
                                 f"{', '.join(WEIGHT_FILES)}")
     files = [found]
     if found.name.endswith(".index.json"):
-        weight_map = json.loads(found.read_text())["weight_map"]
-        files = [hf_dir / name for name in sorted(set(weight_map.values()))]
+        files = [hf_dir / name for name in sorted(set(_weight_map(found).values()))]
     state: dict[str, torch.Tensor] = {}
     for path in files:
         if not path.is_file():
@@ -88,12 +99,30 @@ def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _load_weights(path: Path) -> dict[str, torch.Tensor]:
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+def _weight_map(index: Path) -> dict[str, str]:
+    """HF tensor name -> shard file name, from a sharded model's index file."""
+    try:
+        return dict(json.loads(index.read_text())["weight_map"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{index} is damaged or incomplete (not JSON with a weight_map: "
+                         f"{err}); re-download it or re-save the model") from err
 
-        return load_file(str(path))
-    return torch.load(path, map_location="cpu", weights_only=True)
+
+def _load_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of one weight file; ValueError naming the file when it cannot be read
+    (truncated by an interrupted download or copy, or not a weight file at all)."""
+    from safetensors import SafetensorError
+
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (SafetensorError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
+        reason = str(err).strip().split("\n")[0].split(". ")[0] or type(err).__name__
+        raise ValueError(f"{path} is damaged or incomplete ({reason}); re-download it or "
+                         "re-save the model") from err
 
 
 def _run_config(args) -> tuple[ModelConfig, int]:

@@ -15,6 +15,8 @@ L+2 untied LM head), as DeepSpeed's pipeline writes them; each tensor-parallel w
 with the same rule training uses (partition.Sharding). Like a training save, the files are
 written into `<save>/.staging-global_step<N>/`, hashed and fsynced, then the directory is
 renamed and `latest` replaced atomically: an interrupted write leaves no checkpoint behind.
+A save directory that already holds a checkpoint at the same or a later iteration is refused
+(`check_new_iteration`), so `latest` never moves back to an older step.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import torch
 
 from megatron.checkpointing.durable import (fsync_dir, rename, replace_text, write_bytes,
                                             write_torch)
-from megatron.checkpointing.layout import CONFIG_NAME, LATEST, staging_tag, tag_for
+from megatron.checkpointing.layout import (CONFIG_NAME, LATEST, saved_iterations, staging_tag,
+                                          tag_for)
 from megatron.checkpointing.manifest import FileEntry, Manifest, write_manifest
 from megatron.checkpointing.model_shape import describe_shape
 from megatron.model.partition import Sharding
@@ -68,6 +71,8 @@ def describe_weights(args, tp: int, canonical: dict[str, torch.Tensor]) -> dict:
 def config_for_tp(args, tp: int):
     """`args` with model_parallel_size = tp, validated for its own world size when that holds
     tp x pp ranks, else for tp x pp (the config records the layout, not a world)."""
+    if tp < 1:
+        raise ValueError(f"model_parallel_size({tp}) must be at least 1.")
     if args.parallelism.model_parallel_size == tp:
         return args
     per_replica = tp * max(1, args.parallelism.pipe_parallel_size)
@@ -79,13 +84,11 @@ def config_for_tp(args, tp: int):
 def write_weights_checkpoint(root: Path, iteration: int, canonical: dict[str, torch.Tensor],
                              args, tp: int) -> Path:
     """Write `canonical` (full tensors) as `<root>/global_step<iteration>/` split for `tp`
-    tensor-parallel ranks, and point `<root>/latest` at it. Refuses to replace an existing
-    checkpoint of that iteration."""
+    tensor-parallel ranks, and point `<root>/latest` at it. Refused as `check_new_iteration`
+    says: an existing checkpoint is never overwritten, nor `latest` moved back."""
     root, tag = Path(root), tag_for(iteration)
     target, stage = root / tag, root / staging_tag(tag)
-    if target.exists():
-        raise FileExistsError(f"{target} already exists; choose another iteration or output "
-                              "directory (an existing checkpoint is never overwritten)")
+    check_new_iteration(root, iteration)
     args = config_for_tp(args, tp)
     root.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(stage, ignore_errors=True)  # what an interrupted write left
@@ -105,6 +108,26 @@ def write_weights_checkpoint(root: Path, iteration: int, canonical: dict[str, to
         raise
     log.info("wrote weights-only checkpoint %s (model_parallel_size %d)", target, tp)
     return target
+
+
+def check_new_iteration(root: Path, iteration: int) -> None:
+    """Refuse writing `<root>/global_step<iteration>/` and pointing `latest` at it: ValueError
+    for a negative iteration or when `root` holds a later checkpoint (the next run would resume
+    from the older one), FileExistsError when that checkpoint exists. Reads directory names
+    only, so it can run before any weight is read."""
+    if iteration < 0:
+        raise ValueError(f"--iteration {iteration} is negative; a checkpoint's iteration "
+                         "(N of global_step<N>) is 0 or more")
+    root, tag = Path(root), tag_for(iteration)
+    newest = max(saved_iterations(root), default=None)
+    if newest is not None and newest > iteration:
+        raise ValueError(f"{root} already holds {tag_for(newest)}, later than {tag}: writing "
+                         f"{tag} would point {root / LATEST} back to it and the next run would "
+                         f"resume from {tag} instead of {tag_for(newest)}; choose another "
+                         f"--output_dir, or --iteration above {newest}")
+    if (root / tag).exists():
+        raise FileExistsError(f"{root / tag} already exists; choose another iteration or output "
+                              "directory (an existing checkpoint is never overwritten)")
 
 
 def _write_files(stage: Path, canonical: dict[str, torch.Tensor], args, tp: int
