@@ -163,7 +163,7 @@ def _reward_state_dict(canonical: dict[str, torch.Tensor], config: ModelConfig, 
 
 
 def hf_model_config(hf_cfg) -> tuple[str, ModelConfig]:
-    """(our architecture name, the ModelConfig) an HF GPTNeoX or Llama config describes;
+    """(our architecture name, the ModelConfig) an HF config of an ARCHITECTURES kind describes;
     padded_vocab_size is HF's vocab_size. ValueError for another model type or a feature our
     model does not implement (rope scaling, another activation, ...)."""
     model_type = getattr(hf_cfg, "model_type", None)
@@ -197,9 +197,9 @@ def hf_model_config(hf_cfg) -> tuple[str, ModelConfig]:
 
 def canonical_from_hf(state_dict: dict[str, torch.Tensor], hf_cfg
                       ) -> tuple[dict[str, torch.Tensor], ModelConfig]:
-    """Our canonical weights and ModelConfig from an HF model's tensors and config (GPTNeoX or
-    Llama); ValueError as `hf_model_config`, or for tensors that are missing, unexpected or of
-    the wrong shape."""
+    """Our canonical weights and ModelConfig from an HF model's tensors and config (a kind of
+    ARCHITECTURES); ValueError as `hf_model_config`, or for tensors that are missing, unexpected
+    or of the wrong shape."""
     name, config = hf_model_config(hf_cfg)
     state = dict(state_dict)
     canonical = mapping_module(name).canonical_from_hf(state, config)
