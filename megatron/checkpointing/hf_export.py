@@ -20,6 +20,11 @@ the model keys of its saved configs). vocab_size stays the padded
 vocabulary (every row the checkpoint embeds), so the HF logits equal ours column for column;
 the tokenizer never produces the extra ids. Precision "auto" keeps the dtype the checkpoint's weights are stored in (fp32 for fp32
 training, the bf16/fp16 module weights of mixed-precision runs); fp32/bf16/fp16 cast to it.
+
+The output directory is checked before any weight is read: never a checkpoint, a save directory
+or the input directory (or inside a checkpoint), and not an existing non-empty directory unless
+`overwrite`, which removes the earlier export's weight and index files (EXPORT_FILES) before the
+new ones are written, so that no stale shard or index survives beside them.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from pathlib import Path
 import torch
 
 from megatron.checkpointing import neox_format
-from megatron.checkpointing.layout import CONFIG_NAME
+from megatron.checkpointing.layout import (CONFIG_NAME, LATEST, MANIFEST_NAME, iteration_of,
+                                           saved_iterations, tag_for)
 from megatron.checkpointing.locate import step_directory
 from megatron.checkpointing.mamba_ssm_export import write_mamba_ssm
 from megatron.checkpointing.model_shape import check_architecture
@@ -40,12 +46,16 @@ from megatron.model.config import ModelConfig, model_config_from_args
 from megatron.model.hf_mapping import architecture_for, hf_class_name, to_hf_model
 from megatron.monitoring.logger import get_logger
 from megatron.monitoring.progress import progress
+from megatron.neox_arguments import NeoXArgs
 from megatron.paths import check_writable
 
 log = get_logger(__name__)
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MAMBA_SSM = "mamba_ssm"  # the architecture name of mamba_ssm's format (mamba_ssm_export.py)
+# what an earlier export left that --overwrite removes: stale shards or an index naming them
+# would otherwise be loaded by transformers beside (or instead of) the new weights
+EXPORT_FILES = ("model*.safetensors", "pytorch_model*.bin", "*.index.json")
 
 
 def current_umask() -> int:
@@ -60,30 +70,34 @@ def default_output_dir(step_dir: Path) -> Path:
     return step_dir.parent / "hf" / step_dir.name
 
 
-def export_to_hf(step_dir: Path, args, output_dir: Path | None, architecture: str = "auto",
-                 precision: str = "auto") -> Path:
-    """Write the checkpoint `step_dir` (or the one `<save>/latest` names when given the save
-    directory) as a Hugging Face model directory `output_dir` (None: `default_output_dir`);
-    returns it."""
-    from megatron.tokenizer import build_tokenizer
-
+def export_to_hf(input_dir: Path, args, output_dir: Path | None, architecture: str = "auto",
+                 precision: str = "auto", *, iteration: int | None = None,
+                 overwrite: bool = False) -> Path:
+    """Write the checkpoint `input_dir` (a global_step<N> directory, or a save directory's
+    `iteration`, else the one its `latest` names) as a Hugging Face model directory
+    `output_dir` (None: `default_output_dir`); returns it. `args` None: the checkpoint's own
+    saved config. Every refusal comes before any weight is read and writes nothing."""
     if precision != "auto" and precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is not known; valid: auto, "
                          f"{', '.join(PRECISIONS)}")
-    step_dir = step_directory(Path(step_dir))
-    mamba_ssm = architecture == MAMBA_SSM
-    # refused before any weight is read (the vocabulary size plays no part in the choice)
-    name = architecture_for(model_config_from_args(args, 1), "mamba" if mamba_ssm else architecture)
-    tok = args.tokenizer
-    tokenizer = build_tokenizer(tok.tokenizer_type, tok.vocab_file, tok.merge_file)
+    step_dir = export_step_dir(Path(input_dir), iteration)
+    saved = None if args is not None else read_step_configs(step_dir)
+    args = args if saved is None else NeoXArgs.from_ymls(saved)
     output_dir = Path(output_dir) if output_dir is not None else default_output_dir(step_dir)
-    check_writable("--output_dir", output_dir)  # before any weight is read
+    check_output_dir(output_dir, step_dir, Path(input_dir), overwrite)
+    mamba_ssm = architecture == MAMBA_SSM
+    shape = model_config_from_args(args, 1)  # the vocabulary size plays no part in the choice
+    check_mamba(shape, architecture)
+    name = architecture_for(shape, "mamba" if mamba_ssm else architecture)
+    tokenizer = export_tokenizer(args.tokenizer, saved)
     with progress(total=3, desc="export to Hugging Face", unit="step") as bar:
         ck = read_step(step_dir, args)
         bar.update()
         config = exported_config(args, ck, tokenizer)
         dtype = ck.canonical["0.word_embeddings.weight"].dtype if precision == "auto" \
             else PRECISIONS[precision]
+        if overwrite:
+            remove_earlier_export(output_dir)
         if mamba_ssm:
             write_mamba_ssm(ck.canonical, config, output_dir, dtype)
             bar.update(2)
@@ -95,11 +109,136 @@ def export_to_hf(step_dir: Path, args, output_dir: Path | None, architecture: st
         bar.update()
         save_hf_model(model, output_dir)
         write_hf_tokenizer(tokenizer, output_dir, config.max_position_embeddings,
-                           chat_template_beside(tok.vocab_file))
+                           chat_template_beside(args.tokenizer.vocab_file))
         bar.update()
     log.info("wrote %s (%s) from %s to %s", hf_class_name(config, name),
              str(dtype).replace("torch.", ""), ck.step_dir, output_dir)
     return output_dir
+
+
+def export_step_dir(input_dir: Path, iteration: int | None) -> Path:
+    """The checkpoint --input_dir and --iteration name: `input_dir` itself when it is one (an
+    `iteration` must be its own), else the save directory's `iteration` or `latest`."""
+    input_dir = Path(input_dir)
+    own = iteration_of(input_dir.name)
+    one = input_dir.is_dir() and (own is not None or (input_dir / MANIFEST_NAME).is_file())
+    if iteration is not None and one:
+        if iteration != own:
+            mine = f" (iteration {own})" if own is not None else ""
+            raise ValueError(f"--iteration {iteration} disagrees with --input_dir {input_dir}"
+                             f"{mine}, which is one checkpoint: give the save directory "
+                             f"{input_dir.parent} with --iteration {iteration}, or "
+                             f"{input_dir} without --iteration")
+        iteration = None
+    return step_directory(input_dir, iteration)
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    """Whether `path` holds a checkpoint: our manifest or GPT-NeoX's model states file (False
+    where it cannot be read)."""
+    try:
+        return (path / MANIFEST_NAME).is_file() or (path / neox_format.model_file(0)).is_file()
+    except OSError:
+        return False
+
+
+def is_save_dir(path: Path) -> bool:
+    """Whether `path` is a directory training saves to: a `latest` file, or checkpoints (False
+    where it cannot be read)."""
+    try:
+        return (path / LATEST).is_file() or any(is_checkpoint_dir(path / tag_for(i))
+                                                for i in saved_iterations(path))
+    except OSError:
+        return False
+
+
+def training_dir_reason(output_dir: Path, step_dir: Path, input_dir: Path) -> str | None:
+    """Why `output_dir` is part of the checkpoint or save directory it must stay out of (the
+    exported one, or any other); None when it is not. Inside a save directory is allowed
+    (the default, <save>/hf/...) except under a global_step<N> name training would read."""
+    out, step = output_dir.resolve(), step_dir.resolve()
+    for d in (out, *out.parents):
+        where = "is" if d == out else "is inside"
+        if d == step or is_checkpoint_dir(d):
+            return f"{where} the checkpoint directory {d}"
+        if iteration_of(d.name) is not None and is_save_dir(d.parent):
+            named = "is" if d == out else f"is inside {d}, which is"
+            return (f"{named} named like a checkpoint of the save directory {d.parent} (training "
+                    "would read it)")
+    if is_save_dir(out):
+        return f"is the save directory {out} (it holds '{LATEST}' or global_step<N> checkpoints)"
+    if out == input_dir.resolve():
+        return "is the input directory"
+    return None
+
+
+def check_output_dir(output_dir: Path, step_dir: Path, input_dir: Path, overwrite: bool) -> None:
+    """Refuse an `output_dir` that is (or is inside) a checkpoint or save directory or is the
+    input directory, or exists with files in it and `overwrite` is not given; or that cannot be
+    written."""
+    reason = training_dir_reason(output_dir, step_dir, input_dir)
+    if reason:
+        raise ValueError(f"--output_dir {output_dir} {reason}: Hugging Face files must not be "
+                         "mixed with training files; choose a directory outside it (the "
+                         f"default is {default_output_dir(step_dir)})")
+    if output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:
+        raise FileExistsError(f"--output_dir {output_dir} exists and is not empty: pass "
+                              "--overwrite to export into it (the weight and index files of an "
+                              "earlier export there are removed first), or choose a new "
+                              "directory")
+    check_writable("--output_dir", output_dir)
+
+
+def remove_earlier_export(output_dir: Path) -> None:
+    """--overwrite: delete the EXPORT_FILES of an earlier export in `output_dir`, in one line."""
+    stale = sorted({p for pattern in EXPORT_FILES for p in output_dir.glob(pattern)
+                    if p.is_file()})
+    for path in stale:
+        path.unlink()
+    if stale:
+        log.info("--overwrite: removed %d file(s) of an earlier export from %s: %s", len(stale),
+                 output_dir, ", ".join(p.name for p in stale))
+
+
+def check_mamba(config: ModelConfig, architecture: str) -> None:
+    """--architecture mamba / mamba_ssm is for Mamba models: ValueError for one with attention
+    layers."""
+    if architecture not in ("mamba", MAMBA_SSM):
+        return
+    attention = [i for i in range(config.num_layers) if not config.is_mamba_layer(i)]
+    if not attention:
+        return
+    mixed = len(attention) < config.num_layers
+    raise ValueError(
+        f"--architecture {architecture}: the checkpoint is not a Mamba model (it has attention "
+        f"layers" + (f": {', '.join(map(str, attention))} of its {config.num_layers})"
+                     if mixed else ")")
+        + f"; {architecture} export is for Mamba models"
+        + (", of Mamba layers only (a model mixing Mamba and attention layers has no Hugging "
+           "Face form)" if mixed else ": leave --architecture out (auto) to export this one"))
+
+
+def export_tokenizer(tok, saved: list[Path] | None):
+    """The tokenizer of the config section `tok`; a tokenizer file missing when the paths came
+    from the checkpoint's `saved` config files is explained: where they came from, what to do."""
+    from megatron.tokenizer import build_tokenizer
+
+    try:
+        return build_tokenizer(tok.tokenizer_type, tok.vocab_file, tok.merge_file)
+    except FileNotFoundError:
+        missing = [(key, getattr(tok, key)) for key in ("vocab_file", "merge_file")
+                   if getattr(tok, key) and not os.path.isfile(getattr(tok, key))]
+        if saved is None or not missing:
+            raise
+    key, path = missing[0]
+    advice = (f"pass --config_file with a config giving the right {key} (e.g. --config_file "
+              f"{saved[-1]} plus a YAML file setting {key})")
+    if not os.path.isabs(path):
+        advice = (f"a relative path is read from the current directory, {os.getcwd()}: run the "
+                  f"export from the directory training ran in, or {advice}")
+    raise FileNotFoundError(f"{tok.tokenizer_type}: {key} {path} does not exist; it comes from "
+                            f"the checkpoint's saved config ({', '.join(map(str, saved))}); "
+                            f"{advice}")
 
 
 def save_hf_model(model, output_dir: Path) -> None:
