@@ -70,6 +70,37 @@ def test_a_ranks_lines_keep_their_order_around_a_warning_only_it_prints():
         "worker rank 0 (local rank 0) on vm died: exited with status 1"]
 
 
+def test_a_ranks_stdout_lines_wait_behind_its_held_warning_and_go_to_stdout():
+    """The training log's rows (stdout) of a rank whose warning is held (a load's 'resharded'
+    warning, on stderr) come after it, not before: in a short run they would otherwise print
+    before the warning that came first. Other ranks' stdout lines pass at once."""
+    seen: list[tuple[str, str]] = []
+
+    class Stream(io.StringIO):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def write(self, text):
+            seen.extend((self.name, line) for line in text.splitlines())
+            return len(text)
+
+    err, out = Stream("stderr"), Stream("stdout")
+    merger = WarningMerger(err, range(2), window=0.3)
+    merger.feed(0, "[rank 0] [12:00:01] [WARNING] [a] resharded into this layout")
+    merger.feed_plain(0, " iteration 1/2 | lm_loss 7.1", out)
+    merger.feed_plain(1, "rank 1's own print", out)
+    merger.feed(0, "[rank 0] [12:00:02] [INFO] [a] saved checkpoint")
+    merger.feed_plain(0, "run finished at iteration 2/2", out)
+    assert seen == [("stdout", "rank 1's own print")]
+    time.sleep(0.6)
+    merger.close()
+    assert seen[1:] == [("stderr", "[rank 0] [12:00:01] [WARNING] [a] resharded into this layout"),
+                        ("stdout", " iteration 1/2 | lm_loss 7.1"),
+                        ("stderr", "[rank 0] [12:00:02] [INFO] [a] saved checkpoint"),
+                        ("stdout", "run finished at iteration 2/2")]
+
+
 def test_the_error_workers_end_on_is_printed_once_with_their_ranks_and_hosts():
     out = io.StringIO()
     merger = WarningMerger(out, range(4), window=0.3)

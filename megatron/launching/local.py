@@ -164,8 +164,9 @@ class _Output:
         finally:
             for _r, w in ends:
                 os.close(w)
-        for (r, _w), out, merger in zip(ends, (sys.stdout, sys.stderr), (None, self.merger)):
-            reader = threading.Thread(target=pipe_lines, args=(r, out, merger, rank),
+        for (r, _w), out, plain in zip(ends, (sys.stdout, sys.stderr), (True, False)):
+            # stdout's lines are never merged, only kept behind the rank's held warnings
+            reader = threading.Thread(target=pipe_lines, args=(r, out, self.merger, rank, plain),
                                       name=f"output-rank{rank}", daemon=True)
             reader.start()
             self.readers.append((rank, reader))

@@ -12,7 +12,8 @@ A warning line (this project's `[WARNING]` / `[ERROR]` log lines, DeepSpeed's, a
 `Warning:`) is held up to `window` seconds, or until every rank has printed it, and then printed
 once with the ranks that printed it; its text without the rank and the time stamps is what makes
 two lines alike. A line from one rank only keeps its own `[rank R]`. A rank's later lines wait
-behind its held warning, so each rank's lines keep their order; other ranks' lines pass at once.
+behind its held warning, so each rank's lines keep their order (its stdout lines too, through
+`feed_plain`); other ranks' lines pass at once.
 Lines may come behind a launcher's `host: ` prefix (pdsh) and may name several ranks already
 (`[ranks 0-3]`, a node launcher's merge); the merged line names every rank, without the host.
 
@@ -136,12 +137,7 @@ class WarningMerger:
         if not ranks or not (error or WARNING.search(text)):
             if DEATH.search(text):  # a death report (a node launcher's): the errors held first
                 self.flush()
-            with self._lock:
-                waiting = [self._behind[r] for r in ranks or () if self._behind.get(r)]
-                if waiting:  # behind a warning of its rank's that is held
-                    waiting[0].append(line)
-                else:
-                    self._write(line)
+            self._pass(ranks or (), line, self.out)
             return
         with self._lock:
             held = self._held.get(text)
@@ -160,6 +156,20 @@ class WarningMerger:
                 if held not in self._behind[r]:
                     self._behind[r].append(held)
             self._release(time.monotonic())
+
+    def feed_plain(self, rank: int, line: str, out: TextIO) -> None:
+        """A line of the worker's other stream (stdout: the training log's rows), printed to
+        `out` as it is, but behind a warning of its rank that is held, so that the rank's lines
+        of both streams keep their order."""
+        self._pass((rank,), line, out)
+
+    def _pass(self, ranks, line: str, out: TextIO) -> None:
+        with self._lock:
+            waiting = [self._behind[r] for r in ranks if self._behind.get(r)]
+            if waiting:  # behind a warning of its rank's that is held
+                waiting[0].append((line, out))
+            else:
+                self._write(line, out)
 
     def _continues_error(self, rank: int | None, line: str) -> bool:
         """Whether `line` is a further line of a worker's error its source is sending (a line
@@ -240,19 +250,22 @@ class WarningMerger:
         held.printed = True
         for r in held.ranks:
             queue = self._behind[r]
-            while queue and (isinstance(queue[0], str) or queue[0].printed):
+            while queue and (isinstance(queue[0], tuple) or queue[0].printed):
                 item = queue.popleft()
-                if isinstance(item, str):
-                    self._write(item)
+                if isinstance(item, tuple):
+                    self._write(*item)
 
-    def _write(self, line: str) -> None:
-        self.out.write(line + "\n")
-        self.out.flush()
+    def _write(self, line: str, out: TextIO | None = None) -> None:
+        out = out or self.out
+        out.write(line + "\n")
+        out.flush()
 
 
-def pipe_lines(fd: int, out: TextIO, merger: WarningMerger | None, rank: int | None) -> None:
-    """Copy the pipe `fd` to `out` until it closes: lines through `merger`, carriage-return
-    updates as they are. Closes `fd`."""
+def pipe_lines(fd: int, out: TextIO, merger: WarningMerger | None, rank: int | None,
+               plain: bool = False) -> None:
+    """Copy the pipe `fd` to `out` until it closes: lines through `merger` (`plain`: only kept
+    in order behind the rank's held warnings, never merged), carriage-return updates as they
+    are. Closes `fd`."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     pending, redrawing = "", False
     try:
@@ -265,6 +278,8 @@ def pipe_lines(fd: int, out: TextIO, merger: WarningMerger | None, rank: int | N
                 if end == "\r" or redrawing:  # a progress bar redrawing its line
                     _put(out, piece + end)
                     redrawing = end == "\r"
+                elif merger is not None and plain:
+                    merger.feed_plain(rank, piece, out)
                 elif merger is not None:
                     merger.feed(rank, piece)
                 else:
