@@ -90,9 +90,13 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
 
     check_free(args.checkpoint.save)  # another live run writes there
     ck = args.checkpoint
-    if not ck.load or ck.finetune:
+    if not ck.load:
         return
-    from megatron.checkpointing.locate import planned_manifest
+    from megatron.checkpointing.locate import check_save_directory, planned_manifest
+
+    check_save_directory(Path(ck.load))  # one global_step<N> would read as holding none
+    if ck.finetune:
+        return
 
     manifest = planned_manifest(Path(ck.load), ck.iteration)
     if manifest is None:

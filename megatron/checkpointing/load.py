@@ -23,7 +23,8 @@ from megatron.checkpointing import (collectives, data_position, engine_state, ne
 from megatron.checkpointing.compatibility import check_compatible, describe_run, layout_changes
 from megatron.checkpointing.errors import NoValidCheckpointError
 from megatron.checkpointing.layout import rng_file
-from megatron.checkpointing.locate import damaged, find_candidates, verify_checkpoint
+from megatron.checkpointing.locate import (check_save_directory, damaged, find_candidates,
+                                           verify_checkpoint)
 from megatron.checkpointing.model_shape import head_change
 from megatron.checkpointing.manifest import Manifest
 from megatron.checkpointing.retention import remove_leftovers
@@ -52,6 +53,7 @@ def load_checkpoint(engine, ck, advice: str = NO_VALID_ADVICE) -> dict:
     if not ck.load:
         return {}
     root = Path(ck.load)
+    check_save_directory(root)  # deepy.py checked it too
     if collectives.rank() == 0 and ck.save and Path(ck.save).is_dir():
         remove_leftovers(Path(ck.save))
     candidates = _agreed_candidates(root, ck.iteration)

@@ -97,11 +97,7 @@ def reshard_source(ck) -> int:
     global_step directory must not exist in `save` yet, as a checkpoint is never overwritten."""
     check_reshard_settings(ck)
     load = Path(ck.load)
-    if load.is_dir() and _one_checkpoint(load):
-        own = iteration_of(load.name)
-        raise ValueError(f"load={ck.load} is one checkpoint; set load to the directory that "
-                         f"holds it ({load.parent})"
-                         + (f" and iteration={own}" if own is not None else ""))
+    check_save_directory(load)
     step = step_directory(load, ck.iteration, key="load")
     iteration = iteration_of(step.name)
     target = Path(ck.save) / tag_for(iteration)
@@ -132,6 +128,17 @@ def step_directory(path: Path, iteration: int | None = None, key: str | None = N
             f"them ({path.parent}) with iteration={iteration}, or this one without iteration")
     tags, _ = find_candidates(path, iteration, fallback=False)
     return path / tags[0]
+
+
+def check_save_directory(load: Path) -> None:
+    """Training and resharding read `load` as the directory a run saved to: refuse one
+    checkpoint in its place (a global_step<N> directory, as a run's last line names it), which
+    would otherwise read as a directory holding none."""
+    if load.is_dir() and _one_checkpoint(load):
+        own = iteration_of(load.name)
+        raise ValueError(f"load={load} is one checkpoint; set load to the directory that holds "
+                         f"it ({load.parent})" + (f" and iteration={own}" if own is not None
+                                                  else ""))
 
 
 def _one_checkpoint(path: Path) -> bool:

@@ -87,3 +87,20 @@ def test_deepy_prints_a_script_s_own_help():
                                 f"default and meaning: configs/README.md\n")
     assert deepy("train.py", "configs/tiny.yml", "-h").stdout.startswith(
         (ROOT / "train.py").read_text().split('"""')[1].splitlines()[0])
+
+
+@pytest.mark.parametrize("finetune", [True, False])
+def test_training_refuses_one_checkpoint_as_load_before_any_worker(two_checkpoints, small_data,
+                                                                   tmp_path, finetune):
+    """A run's last line names its global_step<N> directory; given as `load`, it read as a
+    directory holding no checkpoint, and a fine-tune started from random weights."""
+    from megatron.neox_arguments import NeoXArgs
+    from megatron.preflight import preflight
+
+    step = two_checkpoints / "global_step2"
+    args = NeoXArgs.from_ymls([ROOT / "configs/tiny.yml"], tiny_overrides(
+        *small_data, tmp_path, load=step, save=tmp_path / "out", finetune=str(finetune).lower(),
+        num_gpus=1))
+    with pytest.raises(ValueError, match=rf"^load={step} is one checkpoint; set load to the "
+                       rf"directory that holds it \({two_checkpoints}\) and iteration=2$"):
+        preflight(args, "train.py")
