@@ -166,9 +166,17 @@ def iter_conversations(files: Sequence[str], keys: Sequence[str], reward_key: st
 
 
 def reward_value(value: Any, binary: bool, where: str) -> float:
-    """The reward of a record: a number, or with `binary` a truth value made +1 / -1."""
+    """The reward of a record: a number, or with `binary` a truth value (a JSON boolean, or
+    0 / 1) made +1 / -1. A boolean without `binary` is refused: read as a number, false would be
+    a reward of 0, which KTO takes as neither desirable nor undesirable."""
     if binary:
-        return 1.0 if value else -1.0
+        if isinstance(value, bool) or (isinstance(value, (int, float)) and value in (0, 1)):
+            return 1.0 if value else -1.0
+        raise ValueError(f"{where}: reward {value!r} is not true/false (--binary-reward takes "
+                         "a JSON boolean, or 0 / 1)")
+    if isinstance(value, bool):
+        raise ValueError(f"{where}: reward {value!r} is true/false: pass --binary-reward to "
+                         "write true as +1 and false as -1")
     try:
         reward = float(value)
     except (TypeError, ValueError):

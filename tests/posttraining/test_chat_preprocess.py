@@ -133,3 +133,26 @@ def test_a_missing_key_or_a_bad_reward_names_the_line(tok_dir, tmp_path):
         preprocess_chat(str(bad), str(tmp_path / "y"), str(tok_dir), ["messages"],
                         reward_key="reward")
     assert not list(tmp_path.glob("y_*"))  # nothing half-written is left
+
+
+def test_true_false_rewards_need_binary_reward_which_takes_only_truth_values(tok_dir, tmp_path):
+    """Read as numbers, false would be a reward of 0: neither desirable nor undesirable to KTO.
+    With --binary-reward, a string such as "false" (true to Python) is refused, not made +1."""
+    from megatron.data.chat_preprocess import reward_value
+
+    records = [{"messages": [question("red"), answer("red")], "reward": value}
+               for value in (True, False)]
+    data = write_jsonl(tmp_path / "kto.jsonl", records)
+    with pytest.raises(ValueError, match=r"kto.jsonl line 1: reward True is true/false: pass "
+                                         r"--binary-reward to write true as \+1 and false as -1"):
+        preprocess_chat(str(data), str(tmp_path / "x"), str(tok_dir), ["messages"],
+                        reward_key="reward")
+    out = preprocess_chat(str(data), str(tmp_path / "y"), str(tok_dir), ["messages"],
+                          reward_key="reward", binary_reward=True)
+    rewards = MMapIndexedDataset(out.prefixes["messages/reward"])
+    assert [float(rewards.get(i)[0]) for i in range(2)] == [1.0, -1.0]
+    assert [reward_value(v, True, "x") for v in (1, 0, 1.0)] == [1.0, -1.0, 1.0]
+    for value in ("false", 0.5, None):
+        with pytest.raises(ValueError, match=rf"^x: reward {value!r} is not true/false "
+                                             r"\(--binary-reward takes a JSON boolean, or 0 / 1\)"):
+            reward_value(value, True, "x")
