@@ -18,8 +18,32 @@ PAIRED_OBJECTIVES = ("dpo", "rm")
 
 def post_training_rules(c: Config, world_size: int | None) -> Iterator[str]:
     yield from _parallel_lists(c)
+    yield from _every_split_alike(c)
     yield from _objective_and_dataset(c)
     yield from _coefficients(c)
+
+
+def _every_split_alike(c: Config) -> Iterator[str]:
+    """Label files for one split, then for every split that has data: validation and test
+    losses over every token would not compare with a training loss over the labelled ones.
+    Rewards (KTO) for every split that has data: its evaluation reads them."""
+    for data, side, what in (("{}_data_paths", "{}_label_data_paths", "label"),
+                             ("pos_{}_data_paths", "pos_{}_label_data_paths", "label")):
+        given = [s for s in SPLITS if c[side.format(s)] is not None]
+        missing = [s for s in SPLITS if c[data.format(s)] is not None and s not in given]
+        if given and missing:
+            key = side.format(missing[0])
+            yield (f"{side.format(given[0])} is set but {key} is not: {missing[0]} losses would "
+                   f"count every token, the {given[0]} loss only the labelled ones; set {key} "
+                   f"(the {what} files written beside its data), or remove the label files of "
+                   "every split.")
+    if c["train_impl"] == "kto" and c["train_reward_data_paths"] is not None:
+        for split in SPLITS[1:]:
+            if c[f"{split}_data_paths"] is not None and c[f"{split}_reward_data_paths"] is None:
+                yield (f"train_impl kto reads a reward per document in every split, but "
+                       f"{split}_data_paths has no {split}_reward_data_paths; set them (the "
+                       "reward files preprocess_data_with_chat_template.py --reward-key wrote "
+                       "beside its data).")
 
 
 def _count(value) -> str:
@@ -88,8 +112,12 @@ def _objective_and_dataset(c: Config) -> Iterator[str]:
         if pack == "packed":
             yield ("train_impl kto rewards whole documents, which pack_impl packed cuts across "
                    "samples; use pack_impl unpacked or pack_until_overflow.")
-    elif rewards:
-        yield f"train_reward_data_paths are read by train_impl kto only, not {impl}."
+    else:
+        for split in SPLITS:
+            if c[f"{split}_reward_data_paths"] is not None:
+                yield (f"{split}_reward_data_paths are read by train_impl kto only, not {impl}; "
+                       "remove them.")
+                break
 
 
 def _coefficients(c: Config) -> Iterator[str]:

@@ -48,6 +48,21 @@ def refused(**overrides) -> str:
     ({**PAIRS, "train_impl": "dpo", "dpo_beta": 0}, "dpo_beta(0.0) must be > 0"),
     ({"train_impl": "reinforce"}, "train_impl 'reinforce' is a GPT-NeoX choice this project does "
                                   "not support yet; choose one of: normal, dpo, kto, rm"),
+    ({"data_path": None, **{f"{s}_data_paths": [s] for s in ("train", "valid", "test")},
+      "train_label_data_paths": ["l"]},
+     "train_label_data_paths is set but valid_label_data_paths is not: valid losses would count "
+     "every token, the train loss only the labelled ones; set valid_label_data_paths"),
+    ({**PAIRS, "train_impl": "dpo", "pos_train_label_data_paths": ["l"],
+      "neg_train_label_data_paths": ["l"]},
+     "pos_train_label_data_paths is set but pos_valid_label_data_paths is not"),
+    ({"train_impl": "kto", "pack_impl": "unpacked", "data_path": None,
+      **{f"{s}_data_paths": [s] for s in ("train", "valid", "test")},
+      "train_reward_data_paths": ["r"], "test_reward_data_paths": ["r"]},
+     "train_impl kto reads a reward per document in every split, but valid_data_paths has no "
+     "valid_reward_data_paths"),
+    ({"data_path": None, **{f"{s}_data_paths": [s] for s in ("train", "valid", "test")},
+      "valid_reward_data_paths": ["r"]},
+     "valid_reward_data_paths are read by train_impl kto only, not normal; remove them"),
 ])
 def test_the_config_refuses_an_objective_without_its_data(overrides, message):
     assert message in refused(**overrides)

@@ -40,7 +40,7 @@ class Objective:
             return
         closest = min(self.batch_keys, key=lambda k: len(k ^ keys))
         expected = " or ".join(str(sorted(k)) for k in self.batch_keys)
-        raise ValueError(f"training batch keys {sorted(keys)} do not match what train_impl "
+        raise ValueError(f"batch keys {sorted(keys)} do not match what train_impl "
                          f"{self.name} reads: {expected} (missing: {sorted(closest - keys)}, "
                          f"unexpected: {sorted(keys - closest)})")
 
