@@ -62,6 +62,10 @@ def load_chat_tokenizer(path: str):
         raise FileNotFoundError(f"--tokenizer-path {path} does not exist; give the directory of "
                                 "a Hugging Face tokenizer (tokenizer.json, tokenizer_config.json)")
     files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    if os.path.isfile(path):
+        raise ValueError(f"--tokenizer-path {path} is a file; give the directory that holds it "
+                         f"({os.path.dirname(path) or '.'}): the chat template is in its "
+                         "tokenizer_config.json")
     if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, f)) for f in files):
         raise FileNotFoundError(f"--tokenizer-path {path} holds no Hugging Face tokenizer (none "
                                 f"of {', '.join(files)}); give the directory a tokenizer was "

@@ -101,6 +101,11 @@ def preprocess_masked(inputs: str | Sequence[str], output_prefix: str, tokenizer
     if not rule.prompt_key and not rule.mask_before:
         raise ValueError("say where the loss starts: --mask-before-token, or --prompt-key and "
                          "--completion-key")
+    beyond = [t for t in rule.mask_before if not 0 <= t < tokenizer.vocab_size]
+    if beyond:
+        raise ValueError(f"--mask-before-token {','.join(map(str, rule.mask_before))}: "
+                         f"{beyond[0]} is not a token id of this tokenizer (0 to "
+                         f"{tokenizer.vocab_size - 1}), so no document would contain it")
     keys = ["text"] if rule.prompt_key else list(jsonl_keys)
     make_output_dir(os.path.dirname(os.path.abspath(output_prefix)), "--output-prefix")
     dtype = best_fitting_dtype(max(tokenizer.vocab_size, tokenizer.max_token_id + 1))
@@ -110,6 +115,7 @@ def preprocess_masked(inputs: str | Sequence[str], output_prefix: str, tokenizer
                                              values="labels" if k == "label" else "tokens")
                 for k, p in result.prefixes.items()}
     eod = [tokenizer.eod] if rule.append_eod else []
+    unmarked = unlabelled = 0  # documents without the mask pattern; with no label at all
     documents = (_Records(files, rule) if rule.prompt_key
                  else (tuple(d[k] for k in keys) for d in iter_documents(files, keys)))
     try:
@@ -123,6 +129,10 @@ def preprocess_masked(inputs: str | Sequence[str], output_prefix: str, tokenizer
                 labels = masked_labels(per_key[0], rule.mask_before)
             if not per_key[0]:
                 continue  # an empty document, skipped as preprocess_data.py does
+            if rule.mask_before and find(per_key[0], rule.mask_before) < 0:
+                unmarked += 1
+            if all(v == IGNORE_LABEL for v in labels):
+                unlabelled += 1
             for key, tokens in zip(keys, per_key):
                 builders[key].add_item(tokens)
                 builders[key].end_document()
@@ -131,6 +141,11 @@ def preprocess_masked(inputs: str | Sequence[str], output_prefix: str, tokenizer
             result.documents += 1
             result.tokens += len(per_key[0])
             result.labelled += sum(1 for v in labels if v != IGNORE_LABEL)
+        if unmarked and unmarked == result.documents:  # nothing is written
+            raise ValueError(f"no document contains --mask-before-token "
+                             f"{','.join(map(str, rule.mask_before))}, so every token would "
+                             "carry loss, the prompts' too; give the ids the documents put "
+                             "between prompt and answer")
         for name, builder in builders.items():
             builder.finalize(index_file_path(result.prefixes[name]))
     except BaseException:
@@ -139,4 +154,13 @@ def preprocess_masked(inputs: str | Sequence[str], output_prefix: str, tokenizer
         raise
     logger.info("wrote %d documents, %d tokens of which %d labels", result.documents,
                 result.tokens, result.labelled)
+    pattern = ",".join(map(str, rule.mask_before))
+    if unmarked:
+        logger.warning("%d of %d documents do not contain --mask-before-token %s: every token "
+                       "of those carries loss (GPT-NeoX's rule)", unmarked, result.documents,
+                       pattern)
+    if unlabelled:
+        logger.warning("%d of %d documents have no token that carries loss (an empty "
+                       "completion, or the pattern at the very end): they add nothing to "
+                       "training", unlabelled, result.documents)
     return result

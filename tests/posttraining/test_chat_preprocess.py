@@ -156,3 +156,11 @@ def test_true_false_rewards_need_binary_reward_which_takes_only_truth_values(tok
         with pytest.raises(ValueError, match=rf"^x: reward {value!r} is not true/false "
                                              r"\(--binary-reward takes a JSON boolean, or 0 / 1\)"):
             reward_value(value, True, "x")
+
+
+def test_the_tokenizer_json_file_instead_of_its_directory_is_named(tok_dir):
+    path = tok_dir / "tokenizer.json"
+    with pytest.raises(ValueError, match=rf"^--tokenizer-path {path} is a file; give the "
+                                         rf"directory that holds it \({tok_dir}\): the chat "
+                                         r"template is in its tokenizer_config.json$"):
+        load_chat_tokenizer(str(path))

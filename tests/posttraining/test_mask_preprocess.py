@@ -59,3 +59,37 @@ def test_the_mask_rule_on_jsonl_text_and_what_is_refused(small_data, tmp_path):
     with pytest.raises(ValueError, match="has no text under 'prompt'"):
         preprocess_masked(str(data), str(tmp_path / "o"), tokenizer,
                           MaskRule(prompt_key="prompt", completion_key="completion"))
+
+
+def test_a_pattern_no_document_holds_is_refused_and_unmasked_or_unlabelled_ones_counted(
+        small_data, tmp_path, caplog):
+    """GPT-NeoX's rule gives a document without the pattern loss on every token, the prompt's
+    too, without a word: here a pattern in no document is refused (nothing written), one beyond
+    the vocabulary before reading, and the documents it leaves unmasked, or without any token
+    that carries loss, are counted in a warning."""
+    import logging
+
+    tokenizer = build_tokenizer("HFTokenizer", small_data[1])
+    marker = tuple(tokenizer.tokenize(" Answer:"))
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in (
+        "Question: red? Answer: cherry", "no marker in this one", "Question: blue? Answer:")))
+    with pytest.raises(ValueError, match=rf"^--mask-before-token {tokenizer.vocab_size}: "
+                       rf"{tokenizer.vocab_size} is not a token id of this tokenizer \(0 to "
+                       rf"{tokenizer.vocab_size - 1}\)"):
+        preprocess_masked(str(data), str(tmp_path / "a"), tokenizer,
+                          MaskRule(mask_before=(tokenizer.vocab_size,)))
+    absent = tuple(tokenizer.tokenize(" zebra"))
+    with pytest.raises(ValueError, match=r"^no document contains --mask-before-token .*, so "
+                                         r"every token would carry loss, the prompts' too"):
+        preprocess_masked(str(data), str(tmp_path / "b"), tokenizer, MaskRule(mask_before=absent))
+    assert not list(tmp_path.glob("b_*"))
+    with caplog.at_level(logging.WARNING, logger="megatron"):
+        preprocess_masked(str(data), str(tmp_path / "c"), tokenizer,
+                          MaskRule(mask_before=marker))
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert said == [
+        f"1 of 3 documents do not contain --mask-before-token {','.join(map(str, marker))}: "
+        "every token of those carries loss (GPT-NeoX's rule)",
+        "1 of 3 documents have no token that carries loss (an empty completion, or the pattern "
+        "at the very end): they add nothing to training"]
