@@ -16,11 +16,29 @@ SPLITS = ("train", "valid", "test")
 PAIRED_OBJECTIVES = ("dpo", "rm")
 
 
+# the settings only one objective reads; another objective would silently leave them unused
+OBJECTIVE_KEYS = {"dpo_beta": "dpo", "dpo_fp32": "dpo", "dpo_reference_free": "dpo",
+                  "kto_beta": "kto", "kto_fp32": "kto", "kto_desirable_weight": "kto",
+                  "kto_undesirable_weight": "kto", "z_loss": "rm"}
+
+
 def post_training_rules(c: Config, world_size: int | None) -> Iterator[str]:
     yield from _parallel_lists(c)
+    yield from _settings_of_other_objectives(c)
     yield from _every_split_alike(c)
     yield from _objective_and_dataset(c)
     yield from _coefficients(c)
+
+
+def _settings_of_other_objectives(c: Config) -> Iterator[str]:
+    """A setting of one objective changed from its default in a run of another: refused by
+    name rather than left unused."""
+    from .load import FIELD_DEFAULTS
+
+    for key, owner in OBJECTIVE_KEYS.items():
+        if c[key] != FIELD_DEFAULTS[key] and c["train_impl"] != owner:
+            yield (f"{key}({c[key]}) is read by train_impl {owner} only, and this run's "
+                   f"train_impl is {c['train_impl']}: remove it, or set train_impl: {owner}.")
 
 
 def _every_split_alike(c: Config) -> Iterator[str]:

@@ -60,6 +60,10 @@ def refused(**overrides) -> str:
       "train_reward_data_paths": ["r"], "test_reward_data_paths": ["r"]},
      "train_impl kto reads a reward per document in every split, but valid_data_paths has no "
      "valid_reward_data_paths"),
+    ({"dpo_beta": 0.5}, "dpo_beta(0.5) is read by train_impl dpo only, and this run's "
+                        "train_impl is normal: remove it, or set train_impl: dpo"),
+    ({**PAIRS, "train_impl": "rm", "kto_desirable_weight": 3},
+     "kto_desirable_weight(3.0) is read by train_impl kto only, and this run's train_impl is rm"),
     ({"data_path": None, **{f"{s}_data_paths": [s] for s in ("train", "valid", "test")},
       "valid_reward_data_paths": ["r"]},
      "valid_reward_data_paths are read by train_impl kto only, not normal; remove them"),
