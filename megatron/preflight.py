@@ -295,16 +295,21 @@ def _check_side_files(args) -> None:
 def _check_post_training_start(args) -> None:
     """DPO and KTO compare with the model training starts from: `load` must name one; a reward
     model starts from a language model only as a fine-tune."""
+    from megatron.checkpointing.locate import find_candidates, planned_manifest
+    from megatron.neox_arguments.validate_post_training import (needs_reference,
+                                                                no_reference_message)
+
     t, ck = args.training, args.checkpoint
-    needs_reference = t.train_impl == "kto" or (t.train_impl == "dpo" and not t.dpo_reference_free)
-    if needs_reference and not ck.load:
-        free = " or dpo_reference_free: true" if t.train_impl == "dpo" else ""
-        raise ValueError(f"train_impl {t.train_impl} compares the policy with a reference model, "
-                         "the model training starts from, but load is not set: set load (with "
-                         f"finetune: true) to the model to fine-tune{free}")
+    if needs_reference(t):
+        try:  # a load holding no checkpoint would be refused by the workers, once built
+            nothing = not ck.load or not find_candidates(Path(ck.load), ck.iteration)[0]
+        except FileNotFoundError:
+            nothing = False  # the iteration asked for is missing: the load says so
+        if nothing:
+            raise ValueError(no_reference_message(
+                t.train_impl, f"{ck.load} holds no checkpoint" if ck.load else "load is not set"))
     if not ck.load:
         return
-    from megatron.checkpointing.locate import planned_manifest
     from megatron.checkpointing.model_shape import head_change
 
     manifest = planned_manifest(Path(ck.load), ck.iteration)

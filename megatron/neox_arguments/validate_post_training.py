@@ -22,6 +22,20 @@ OBJECTIVE_KEYS = {"dpo_beta": "dpo", "dpo_fp32": "dpo", "dpo_reference_free": "d
                   "kto_undesirable_weight": "kto", "z_loss": "rm"}
 
 
+def needs_reference(training) -> bool:
+    """Whether the objective compares the policy with a reference model (the `training`
+    section): DPO unless reference-free, and KTO."""
+    return training.train_impl == "kto" or (training.train_impl == "dpo"
+                                            and not training.dpo_reference_free)
+
+
+def no_reference_message(impl: str, why: str = "no checkpoint was loaded") -> str:
+    free = " or dpo_reference_free: true" if impl == "dpo" else ""
+    return (f"train_impl {impl} compares the policy with a reference model, the model training "
+            f"starts from, but {why}: set load (with finetune: true) to the model to "
+            f"fine-tune{free}")
+
+
 def post_training_rules(c: Config, world_size: int | None) -> Iterator[str]:
     yield from _parallel_lists(c)
     yield from _settings_of_other_objectives(c)

@@ -191,7 +191,9 @@ def reference_bytes(args, config, tp: int) -> int:
     """DPO / KTO's frozen reference model on the last stage: the whole model's weights on a
     tensor-parallel rank, in the run's dtype, and the logits of its forward pass."""
     t = args.training
-    if t.train_impl not in ("dpo", "kto") or (t.train_impl == "dpo" and t.dpo_reference_free):
+    from megatron.neox_arguments.validate_post_training import needs_reference
+
+    if not needs_reference(t):
         return 0
     from megatron.model.param_count import params_per_rank
 

@@ -59,10 +59,9 @@ def reference_source(args, resumed: dict) -> dict:
     loaded = resumed.get(LOADED_FROM)
     impl = args.training.train_impl
     if not loaded:
-        free = " or dpo_reference_free: true" if impl == "dpo" else ""
-        raise ValueError(f"train_impl {impl} compares the policy with a reference model, the "
-                         "model training starts from, but no checkpoint was loaded: set load "
-                         f"(with finetune: true) to the model to fine-tune{free}")
+        from megatron.neox_arguments.validate_post_training import no_reference_message
+
+        raise ValueError(no_reference_message(impl))
     from megatron.checkpointing.layout import iteration_of
 
     return {"path": loaded, "iteration": iteration_of(Path(loaded).name)}

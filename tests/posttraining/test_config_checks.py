@@ -94,13 +94,19 @@ def test_files_that_do_not_belong_together_are_refused_before_workers_start(chat
                            neg_train_label_data_paths=[chat_files.pairs["test"][3]]), "train.py")
 
 
-def test_dpo_and_kto_need_a_model_to_start_from(chat_files):
+def test_dpo_and_kto_need_a_model_to_start_from(chat_files, tmp_path):
     with pytest.raises(ValueError, match="train_impl dpo compares the policy with a reference "
                                          "model.*set load \\(with finetune: true\\) to the model "
                                          "to fine-tune or dpo_reference_free: true"):
         preflight(args_for(chat_files, "dpo", load=None), "train.py")
     preflight(args_for(chat_files, "dpo", load=None, dpo_reference_free=True, save=None),
               "train.py")
+    empty = tmp_path / "no_checkpoints_here"  # a directory holding none
+    empty.mkdir()
+    with pytest.raises(ValueError, match=rf"^train_impl kto compares the policy with a reference "
+                                         rf"model, the model training starts from, but {empty} "
+                                         r"holds no checkpoint: set load"):
+        preflight(args_for(chat_files, "kto", load=str(empty), finetune=True), "train.py")
 
 
 def test_a_reward_model_starts_from_a_language_model_only_as_a_fine_tune(chat_files, sft_run,
