@@ -124,7 +124,7 @@ def _check_messages(messages: Any, options: ChatOptions, where: str) -> None:
     if not isinstance(messages, list) or not messages:
         raise ValueError(f"{where}: expected a non-empty list of messages "
                          "[{\"role\": ..., \"content\": ...}], got "
-                         f"{type(messages).__name__}")
+                         + ("an empty list" if messages == [] else type(messages).__name__))
     for n, m in enumerate(messages, start=1):
         if not isinstance(m, dict) or "role" not in m or not isinstance(m.get("content"), str):
             raise ValueError(f"{where}: message {n} is not {{\"role\": ..., \"content\": "

@@ -65,6 +65,8 @@ def test_reward_model_and_unmasked_formats(tokenizer):
     ([question("red"), {"role": "user", "content": "and?"}],
      "has no 'assistant' turn (roles: user), so nothing in it would be trained on"),
     ("hello", "expected a non-empty list of messages"),
+    ([], "expected a non-empty list of messages [{\"role\": ..., \"content\": ...}], got an "
+         "empty list"),
     ([{"role": "user", "content": 3}], "message 1 is not"),
 ])
 def test_bad_conversations_are_refused_naming_where(tokenizer, messages, message):
