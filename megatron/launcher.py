@@ -370,6 +370,9 @@ def launch(script: str, argv: list[str]) -> int:
                          "[configs/b.yml] [key=value ...]")
     args = NeoXArgs.from_ymls(files, overrides)
     setup_logging(args.logging.log_level)
+    from megatron.neox_arguments.load import log_overrides
+
+    log_overrides(args.overrides_log)
     return run_with_restarts(args, script, lambda attempt_args: run_once(attempt_args, script))
 
 

@@ -30,9 +30,9 @@ megatron/neox_arguments/sections/; edit those, not this file. -->
 Configs are YAML files with GPT-NeoX's flat keys; GPT-NeoX's JSON-style files (`{"key": value,
 ...}` with `#` comments and trailing commas) load unchanged. Keys may use dashes or underscores
 (`train-iters` = `train_iters`). Several files merge left to right: a later file replaces a key's
-whole value, and each replaced key is logged with both files. Then `key=value` overrides from the
+whole value, and one line names the keys each file replaces. Then `key=value` overrides from the
 command line apply (the value is read as YAML; `optimizer.params.lr=0.001` sets one entry inside
-a mapping), and each is logged.
+a mapping), named in one line too; `log_level: debug` lists each value with both sources.
 
 ```python
 from megatron.neox_arguments import NeoXArgs

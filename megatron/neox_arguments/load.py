@@ -4,7 +4,7 @@ Steps: read each YAML file (GPT-NeoX's JSON-style files with comments and traili
 YAML) -> spell keys canonically (dashes become underscores; renamed GPT-NeoX keys are accepted
 with a warning; GPT-NeoX-only keys set to GPT-NeoX's default are dropped, as they change
 nothing) -> refuse unknown keys and other GPT-NeoX-only values -> merge left to right, a later
-source replacing a key's whole value (logged with both sources) -> apply overrides ("key=value"
+source replacing a key's whole value (recorded with both sources) -> apply overrides ("key=value"
 strings parsed as YAML, or a dict; "optimizer.params.lr=0.001" sets inside a mapping) -> check
 every value against its field's type. Defaults are filled in by the section dataclasses.
 """
@@ -52,6 +52,7 @@ class Resolved:
     values: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
+    changed: dict[str, list[str]] = field(default_factory=dict)  # source -> keys it changed
 
 
 class _Loader(yaml.SafeLoader):
@@ -181,8 +182,9 @@ def _set_nested(base: Any, path: list[str], value: Any, raw: str, source: str) -
 def merge_layer(
     resolved: Resolved, source: str, values: Mapping[str, Any], log_defaults: bool = False
 ) -> None:
-    """Apply one source's keys on top of `resolved`. A key set again is logged with both sources
-    (at debug level when the value is the same); with log_defaults (command-line overrides), a key replacing its default is logged too."""
+    """Apply one source's keys on top of `resolved`. A key set again is recorded with both
+    sources, and counted among the source's changes when its value changes; with log_defaults
+    (command-line overrides), a key replacing its default is too."""
     written: dict[str, str] = {}
     for raw, value in values.items():
         head, *rest = raw.split(".") if isinstance(raw, str) else (raw,)
@@ -210,13 +212,20 @@ def merge_layer(
                 else (FIELD_DEFAULTS[key], "default")
             )
             line = f"{key}: {show(old)} ({old_source}) -> {show(value)} ({source})"
-            resolved.log.append(line)
+            resolved.log.append(line)  # logged at debug level by deepy.py (log_overrides)
             # the same value again changes nothing, and the code's own changes (a tool's flag
-            # or a step of the run) are said by the code: kept in the record, not on the console
-            quiet = show(old) == show(value) or source == REPLACED
-            (log.debug if quiet else log.info)("config override %s", line)
+            # or a step of the run) are said by the code: kept in the record, not summed up
+            if show(old) != show(value) and source != REPLACED:
+                resolved.changed.setdefault(source, []).append(key)
         resolved.values[key] = value
         resolved.sources[key] = source
+
+
+def log_overrides(record: Iterable[str]) -> None:
+    """Each value a config file or the command line changed (NeoXArgs.overrides_log), at debug
+    level: called once the config's own log_level is in force."""
+    for line in record:
+        log.debug("config override %s", line)
 
 
 def _typed(key: str, value: Any, source: str) -> Any:
@@ -267,6 +276,9 @@ def resolve(
     log_sources = set(log_defaults_from)
     for source, values in layers:
         merge_layer(resolved, source, values, log_defaults=source in log_sources)
+    for source, keys in resolved.changed.items():  # one line per source; each value at debug
+        log.info("config: %s %s %s (log_level: debug lists each value)", source,
+                 "sets" if source == COMMAND_LINE else "overrides", ", ".join(keys))
     resolved.values = {
         k: _typed(k, v, resolved.sources[k]) for k, v in resolved.values.items()
     }
