@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
+from .registries import REGISTRIES
+
 Config = Mapping[str, Any]
 SPLITS = ("train", "valid", "test")
 PAIRED_OBJECTIVES = ("dpo", "rm")
@@ -38,9 +40,10 @@ def no_reference_message(impl: str, why: str = "no checkpoint was loaded") -> st
 
 def post_training_rules(c: Config, world_size: int | None) -> Iterator[str]:
     yield from _parallel_lists(c)
-    yield from _settings_of_other_objectives(c)
-    yield from _every_split_alike(c)
-    yield from _objective_and_dataset(c)
+    if c["train_impl"] in REGISTRIES["train_impl"].names:  # another is refused as a choice
+        yield from _settings_of_other_objectives(c)
+        yield from _every_split_alike(c)
+        yield from _objective_and_dataset(c)
     yield from _coefficients(c)
 
 
