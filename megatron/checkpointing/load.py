@@ -157,10 +157,15 @@ def _load_resharded(engine, ck, directory: Path, manifest: Manifest, changes: li
     if not changes and manifest.contents.get("engine", True):
         log.info("loaded %s through its layout-free state (expert parallelism)", directory)
         return
-    _loud(f"resharded {directory} into this run's layout ("
-          + ("; ".join(changes) or "written without a training engine")
-          + "): " + ("weights, optimizer state" if full.has_optimizer and load_optimizer
-                     else "weights") + " loaded; random generators keep their seeded state")
+    said = (f"resharded {directory} into this run's layout ("
+            + ("; ".join(changes) or "written without a training engine")
+            + "): " + ("weights, optimizer state" if full.has_optimizer and load_optimizer
+                       else "weights") + " loaded; random generators keep their seeded state")
+    if ck.finetune:  # a fine-tune starts afresh anyway: what it loaded, not a caveat
+        if collectives.rank() == 0:
+            log.info("%s", said)
+    else:
+        _loud(said)
 
 
 def _restore_rng(engine, directory: Path, manifest: Manifest) -> None:
