@@ -15,7 +15,7 @@ def test_a_batch_with_other_keys_is_refused_naming_them():
     with pytest.raises(ValueError) as err:
         check_batch_schema({"input_ids": torch.zeros(2, 5), "labels": torch.zeros(2, 5)})
     assert str(err.value) == (
-        "training batch keys ['input_ids', 'labels'] do not match what train_impl normal reads: "
+        "batch keys ['input_ids', 'labels'] do not match what train_impl normal reads: "
         "['text'] or ['label', 'text'] or ['label', 'segment', 'text'] (missing: ['text'], "
         "unexpected: ['input_ids', 'labels'])")
 
