@@ -10,7 +10,8 @@
 # Steps (each under its own time limit, so that one slow step leaves time for the next):
 #   tier            pytest -m gpu (lm-eval's modules are left out: no GPU test there)
 #   bench-125m      125M bf16 seq 2048 micro 8, fusions as configured and on, HF eager, profile
-#   compiled-SIZE   SIZE (125m, 350m, 1-3b) bf16 against HF with torch.compile + fused AdamW
+#   compiled-SIZE   SIZE (125m, 350m, 1-3b) bf16 against HF with torch.compile + fused AdamW,
+#                   profile
 #   fp16-1-3b       1-3B fp16 (dynamic loss scale) against HF eager with GradScaler
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,27 +31,35 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-} DS_ACCELERATOR=cuda PYTHONUNBUFFERED=1 \
       'transformers', transformers.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$OUT/env.txt"
 start=$(date +%s)
+# GPU_CHECKS_SECONDS (default 570): the whole run's time; a step gets the lesser of its own
+# limit and what is left, and is skipped when under 30 s is left
+deadline=$(( start + ${GPU_CHECKS_SECONDS:-570} ))
+limit() { local left=$(( deadline - $(date +%s) )); echo $(( $1 < left ? $1 : left )); }
 
 bench() {  # bench LIMIT_S ARGS...: one bench/train.py run, its rows appended to bench.log
-    timeout "$1" python3 bench/train.py "${@:2}" 2>&1 | grep -v "real_accelerator\|USDT" \
+    timeout "$(limit "$1")" python3 bench/train.py "${@:2}" 2>&1 | grep -v "real_accelerator\|USDT" \
         | tee -a "$OUT/bench.log"
     echo "bench ${*:2}: status ${PIPESTATUS[0]} at $(( $(date +%s) - start )) s" \
         | tee -a "$OUT/bench.log"
 }
 
 for step in "$@"; do
+    if (( $(limit 30) < 30 )); then echo "$step: not run, under 30 s left" | tee -a "$OUT/bench.log"
+        continue; fi
     case $step in
-        tier)
-            timeout 300 python3 -m pytest -q -m gpu tests --ignore=tests/evaluation \
-                -p no:cacheprovider --durations=15 > "$OUT/test-gpu.log" 2>&1
+        tier)  # in 4 processes where pytest-xdist is there; no test may take over 150 s
+            parallel=(); python3 -c "import xdist" 2>/dev/null && parallel=(-n 4)
+            python3 -c "import pytest_timeout" 2>/dev/null && parallel+=(--timeout 150)
+            timeout "$(limit 200)" python3 -m pytest -q -m gpu tests --ignore=tests/evaluation \
+                -p no:cacheprovider --durations=15 "${parallel[@]}" > "$OUT/test-gpu.log" 2>&1
             echo "tier: status $? at $(( $(date +%s) - start )) s" | tee -a "$OUT/test-gpu.log"
             tail -25 "$OUT/test-gpu.log" ;;
         bench-125m)
             bench 150 --sizes 125m --seq 2048 --micro 8 --dtypes bf16 --steps 5 --warmup 3 \
                 --fusions config on --reference eager --profile 15 ;;
-        compiled-125m|compiled-350m|compiled-1-3b)
-            bench 420 --sizes "${step#compiled-}" --seq 2048 --micro 8 --dtypes bf16 --steps 4 \
-                --warmup 3 --fusions on --reference compiled ;;
+        compiled-125m|compiled-350m|compiled-1-3b)  # the reference's layers compiled
+            bench 230 --sizes "${step#compiled-}" --seq 2048 --micro 8 --dtypes bf16 --steps 4 \
+                --warmup 3 --fusions on --reference compiled --profile 12 ;;
         fp16-1-3b)
             bench 200 --sizes 1-3b --seq 2048 --micro 8 --dtypes fp16 --steps 4 --warmup 3 \
                 --fusions on --reference eager ;;

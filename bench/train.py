@@ -19,8 +19,11 @@ bf16 means DeepSpeed's bf16 mode for us (bf16 weights and activations, fp32 mast
 the optimizer) and torch.autocast(bfloat16) with fp32 weights for the reference: both are the
 mixed-precision recipe each stack ships. Data is random tokens (throughput only).
 
-`--reference compiled` (the default on a GPU) runs the reference model through torch.compile
-with fused AdamW, `eager` (the default on a CPU, where compiling takes minutes) as it is. After
+`--reference compiled` (the default on a GPU) runs the reference with fused AdamW and each of
+its decoder layers through torch.compile (torch's regional compilation: the layers share one
+compiled graph, so compiling takes about as long at 24 layers as at one; the embedding, final
+norm and output layer run eager); `compiled-whole` compiles the whole model instead (one graph,
+minutes of compiling at 1-3B); `eager` (the default on a CPU) runs it as it is. After
 each of our runs a line says where our step's time went (forward, backward, optimizer step,
 gradient reduction, the rest), timed around DeepSpeed's phases with the device synchronised,
 and the peak memory (allocated on a GPU, the process's resident memory on a CPU) beside the
@@ -272,14 +275,19 @@ def hf_model(config):
     return GPTNeoXForCausalLM(hf).to(device()).to(torch.float32)
 
 
-def bench_hf(config, dtype: str, micro: int, warmup: int, steps: int, compiled: bool) -> float:
+def bench_hf(config, dtype: str, micro: int, warmup: int, steps: int, compiled: str) -> float:
+    """The reference's step time; `compiled`: "" (eager), "layers" (each decoder layer through
+    torch.compile) or "whole" (the model through torch.compile)."""
     import torch
 
     model = hf_model(config)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8,
-                            weight_decay=0.01, fused=compiled)
-    if compiled:
+                            weight_decay=0.01, fused=bool(compiled))
+    if compiled == "layers":  # torch's regional compilation: one graph, reused by every layer
+        for layer in model.gpt_neox.layers:
+            layer.compile()
+    elif compiled:
         model = torch.compile(model)
     data = batches(config.padded_vocab_size, micro, config.seq_length)
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype)
@@ -320,7 +328,7 @@ def measure(side: str, opts, size: str, dtype: str, seq: int, micro: int,
     setup_logging("warning")
     args = neox_args(size, dtype, seq, micro, opts.pipe_parallel_size, fusions)
     vocab = 50304 if size != "tiny" else 8192
-    compiled = opts.reference == "compiled"
+    compiled = {"compiled": "layers", "compiled-whole": "whole"}.get(opts.reference, "")
     if device().type == "cpu" and (side == "ours" or opts.reference_allocator == "framework"):
         keep_freed_memory()  # what train.py does on the CPU accelerator
     if side == "hf":
@@ -363,9 +371,12 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--seq", type=int, default=None, help="override the size's seq_length")
     parser.add_argument("--micro", type=int, default=None, help="override the micro batch")
-    parser.add_argument("--reference", choices=["compiled", "eager"], default=None,
-                        help="the reference through torch.compile with fused AdamW, or eager "
-                             "(default: compiled on a GPU, eager on a CPU)")
+    parser.add_argument("--reference", choices=["compiled", "compiled-whole", "eager"],
+                        default=None,
+                        help="the reference with fused AdamW and each decoder layer through "
+                             "torch.compile (compiled), or the whole model (compiled-whole: "
+                             "minutes more of compiling), or eager with AdamW (default: compiled "
+                             "on a GPU, eager on a CPU)")
     parser.add_argument("--pipe-parallel-size", type=int, default=1,
                         help="1: our model as a one-stage DeepSpeed PipelineModule (GPT-NeoX's "
                              "default); 0: as a plain module")
@@ -387,7 +398,6 @@ def main(argv=None) -> int:
         parser.error("--dtypes fp16 needs a CUDA GPU: DeepSpeed's fp16 does not run on a CPU")
 
     opts.reference = opts.reference or ("compiled" if torch.cuda.is_available() else "eager")
-    compiled = opts.reference == "compiled"
     peaks = {dtype: matmul_peak(dtype) for dtype in ("bfloat16", "float32")}
     if "fp16" in opts.dtypes:
         peaks["float16"] = matmul_peak("float16")
@@ -395,8 +405,10 @@ def main(argv=None) -> int:
     print(f"device: {device()} ({torch.get_num_threads()} threads); matmul peak bf16 "
           f"{flop_rate(peaks['bfloat16'])}, fp32 {flop_rate(peaks['float32'])} "
           + (f", fp16 {flop_rate(peaks['float16'])}" if "float16" in peaks else "") +
-          f" (measured; MFU against the highest); reference "
-          f"{'torch.compile + fused AdamW' if compiled else 'eager + AdamW'}")
+          f" (measured; MFU against the highest); reference " + {
+              "compiled": "torch.compile of each layer + fused AdamW",
+              "compiled-whole": "torch.compile of the model + fused AdamW",
+              "eager": "eager + AdamW"}[opts.reference])
     print(f"{'size':>5} {'dtype':>5} {'fusions':>7} {'params':>9} {'seq':>5} {'micro':>5} | "
           f"{'ours ms':>9} {'ours tok/s':>10} | {'HF ms':>9} {'HF tok/s':>10} | "
           f"{'ours/HF':>7} | {'MFU':>6}")
