@@ -24,7 +24,8 @@ if ! python3 -c "import deepspeed" 2>/dev/null; then
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} DS_ACCELERATOR=cuda PYTHONUNBUFFERED=1 \
     TOKENIZERS_PARALLELISM=false
-{ git rev-parse HEAD 2>/dev/null || cat .whl/commit 2>/dev/null
+{ # the commit make gpu-wheels recorded (a copied tree's .git can be another commit's)
+  echo "commit $(cat .whl/commit 2>/dev/null || git rev-parse HEAD 2>/dev/null)"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import sys, torch, deepspeed, transformers, triton; print('python',
       sys.version.split()[0], 'torch', torch.__version__, 'deepspeed', deepspeed.__version__,

@@ -284,6 +284,8 @@ def bench_hf(config, dtype: str, micro: int, warmup: int, steps: int, compiled: 
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.01, fused=bool(compiled))
+    # a region recompiled past dynamo's limit would run eager, unseen: fail instead
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
     if compiled == "layers":  # torch's regional compilation: one graph, reused by every layer
         for layer in model.gpt_neox.layers:
             layer.compile()
@@ -299,7 +301,7 @@ def bench_hf(config, dtype: str, micro: int, warmup: int, steps: int, compiled: 
     def step():
         (tokens, _, _), (labels, _) = next(data)
         with autocast:
-            logits = model(input_ids=tokens).logits
+            logits = model(input_ids=tokens, use_cache=False).logits  # no KV cache to fill
         loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
         scaler.scale(loss).backward()
         scaler.unscale_(opt)
@@ -310,7 +312,12 @@ def bench_hf(config, dtype: str, micro: int, warmup: int, steps: int, compiled: 
 
     faults = page_faults()
     seconds = time_steps(step, warmup, steps)
-    return seconds, (page_faults() - faults) / (warmup + steps)
+    faults = (page_faults() - faults) / (warmup + steps)
+    if not compiled:
+        return seconds, faults, None
+    from torch._dynamo.utils import counters
+
+    return seconds, faults, counters["stats"]["unique_graphs"]
 
 
 def measure(side: str, opts, size: str, dtype: str, seq: int, micro: int,
@@ -334,9 +341,9 @@ def measure(side: str, opts, size: str, dtype: str, seq: int, micro: int,
     if side == "hf":
         from megatron.model.config import model_config_from_args
 
-        seconds, faults = bench_hf(model_config_from_args(args, vocab), dtype, micro,
-                                   opts.warmup, opts.steps, compiled)
-        return {"seconds": seconds, "faults": faults}
+        seconds, faults, graphs = bench_hf(model_config_from_args(args, vocab), dtype, micro,
+                                           opts.warmup, opts.steps, compiled)
+        return {"seconds": seconds, "faults": faults, "graphs": graphs}
     init_distributed("auto", 5.0)
     config, seconds, phases, allocated, faults, table = bench_ours(
         args, vocab, opts.warmup, opts.steps, opts.profile)
@@ -431,7 +438,9 @@ def main(argv=None) -> int:
             theirs = None
             if reference_minutes <= opts.reference_limit:
                 theirs = in_fresh_process("hf", opts, size, dtype, seq, micro, opts.fusions[0])
-                print("      with the reference:", flush=True)
+                graphs = theirs["graphs"]
+                print("      with the reference" + (f" ({graphs} graph(s) compiled)"
+                                                    if graphs else "") + ":", flush=True)
                 for fusions, mine in zip(opts.fusions, runs):
                     print(row(size, dtype, fusions, seq, micro, mine, theirs, peak), flush=True)
                     if device().type == "cpu":
