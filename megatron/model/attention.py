@@ -71,9 +71,12 @@ class SelfAttention(nn.Module):
         qkv = self.query_key_value(x)  # [b, s, (heads + 2 kv) d / tp] (s: full sequence)
         b, s, _ = qkv.shape
         qkv = qkv.view(b, s, self.num_kv, self.q_per_kv + 2, self.head_dim)
-        q = qkv[:, :, :, : self.q_per_kv].reshape(b, s, self.num_heads, self.head_dim).transpose(1, 2)
-        k = qkv[:, :, :, self.q_per_kv].transpose(1, 2)  # [b, kv, s, d]
-        v = qkv[:, :, :, self.q_per_kv + 1].transpose(1, 2)  # [b, kv, s, d]
+        # one split (not three slices): its backward writes the QKV gradient once, where slices'
+        # backwards each write a zero-filled QKV-sized tensor and then add them up
+        q, k, v = qkv.split([self.q_per_kv, 1, 1], dim=3)
+        q = q.reshape(b, s, self.num_heads, self.head_dim).transpose(1, 2)  # [b, heads, s, d]
+        k = k.squeeze(3).transpose(1, 2)  # [b, kv, s, d]
+        v = v.squeeze(3).transpose(1, 2)  # [b, kv, s, d]
         if self.rotary is not None:
             cos, sin = self.rotary.cos_sin(position_ids)
             q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)

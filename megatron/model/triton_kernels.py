@@ -125,7 +125,7 @@ class _Norm(torch.autograd.Function):
         block = triton.next_power_of_2(n)
         _norm_bwd[(programs,)](dy2, x2, weight, mean, rstd, dx, dw, rows, n, per_program, RMS=ctx.rms,
                                BLOCK=block, num_warps=_warps(block))
-        dbias = dy2.float().sum(0).to(weight.dtype) if ctx.has_bias else None
+        dbias = dy2.sum(0, dtype=torch.float32).to(weight.dtype) if ctx.has_bias else None
         return dx.view(ctx.shape), dw.sum(0).to(weight.dtype), dbias, None, None
 
 
@@ -138,30 +138,36 @@ def norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: 
 
 # ---------------------------------------------------------------- rotary embedding
 
+_ROTARY_ELEMENTS = 4096  # channels each program of the rotary kernel rotates
+
+
 @triton.jit
-def _rotary(X, COS, SIN, Y, H, S, sxb, sxh, sxs, scb, scs, R, D, SIGN: tl.constexpr,
-            BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    s = pid % S
-    h = (pid // S) % H
-    b = (pid // S) // H
+def _rotary(X, COS, SIN, Y, ROWS, H, S, sxb, sxh, sxs, scb, scs, R, D, SIGN: tl.constexpr,
+            BLOCK_ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    # BLOCK_ROWS rows (one head of one token each) of BLOCK channels per program: rows of a
+    # single head (128 channels, 256 bytes) per program leave the GPU waiting on each program
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    live = rows < ROWS
+    s = (rows % S).to(tl.int64)
+    h = ((rows // S) % H).to(tl.int64)
+    b = (rows // S // H).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     half = R // 2
-    in_head = cols < D
-    in_rot = cols < R
-    src = X + b.to(tl.int64) * sxb + h.to(tl.int64) * sxh + s.to(tl.int64) * sxs
-    x = tl.load(src + cols, mask=in_head, other=0.0).to(tl.float32)
+    in_head = live[:, None] & (cols < D)[None, :]
+    in_rot = live[:, None] & (cols < R)[None, :]
+    src = X + (b * sxb + h * sxh + s * sxs)[:, None]
+    x = tl.load(src + cols[None, :], mask=in_head, other=0.0).to(tl.float32)
     partner = tl.where(cols < half, cols + half, cols - half)
-    xp = tl.load(src + partner, mask=in_rot, other=0.0).to(tl.float32)
-    table = b.to(tl.int64) * scb + s.to(tl.int64) * scs + cols
+    xp = tl.load(src + partner[None, :], mask=in_rot, other=0.0).to(tl.float32)
+    table = (b * scb + s * scs)[:, None] + cols[None, :]
     c = tl.load(COS + table, mask=in_rot, other=1.0)
     sn = tl.load(SIN + table, mask=in_rot, other=0.0)
     # forward (SIGN -1): first half x*cos - partner*sin, second half x*cos + partner*sin;
     # the backward (SIGN +1) rotates by the opposite angle.
-    sign = tl.where(cols < half, SIGN * 1.0, -SIGN * 1.0)
+    sign = tl.where(cols < half, SIGN * 1.0, -SIGN * 1.0)[None, :]
     y = tl.where(in_rot, x * c + sign * xp * sn, x)
-    dst = Y + ((b.to(tl.int64) * H + h) * S + s) * D
-    tl.store(dst + cols, y.to(Y.dtype.element_ty), mask=in_head)
+    dst = Y + (((b * H + h) * S + s) * D)[:, None] + cols[None, :]
+    tl.store(dst, y.to(Y.dtype.element_ty), mask=in_head)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: int) -> torch.Tensor:
@@ -174,9 +180,12 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: int) ->
         cos, sin = cos.contiguous(), sin.contiguous()
     y = torch.empty((b, h, s, d), dtype=x.dtype, device=x.device)
     block = triton.next_power_of_2(d)
-    _rotary[(b * h * s,)](x, cos, sin, y, h, s, x.stride(0), x.stride(1), x.stride(2),
-                          cos.stride(0), cos.stride(2), r, d, SIGN=sign, BLOCK=block,
-                          num_warps=_warps(block))
+    rows = b * h * s
+    block_rows = max(1, min(_ROTARY_ELEMENTS // block, triton.next_power_of_2(rows)))
+    _rotary[(triton.cdiv(rows, block_rows),)](
+        x, cos, sin, y, rows, h, s, x.stride(0), x.stride(1), x.stride(2), cos.stride(0),
+        cos.stride(2), r, d, SIGN=sign, BLOCK_ROWS=block_rows, BLOCK=block,
+        num_warps=_warps(block_rows * block))
     return y
 
 
@@ -317,7 +326,7 @@ class _BiasGelu(torch.autograd.Function):
         _bias_gelu[grid](x, bias if bias is not None else x, dy.contiguous(), dx, x.numel(),
                          x.shape[-1], HAS_B=bias is not None, BACKWARD=True,
                          BLOCK=_ELEMENT_BLOCK)
-        dbias = _rows(dx).float().sum(0).to(bias.dtype) if bias is not None else None
+        dbias = _rows(dx).sum(0, dtype=torch.float32).to(bias.dtype) if bias is not None else None
         return dx, dbias
 
 
@@ -374,7 +383,7 @@ class _BiasDropoutAdd(torch.autograd.Function):
         grid = (triton.cdiv(dy.numel(), _ELEMENT_BLOCK),)
         _bias_dropout_add[grid](dy, dy, dy, dy, dx, seed, dy.numel(), dy.shape[-1], ctx.p,
                                 HAS_B=False, BACKWARD=True, BLOCK=_ELEMENT_BLOCK)
-        dbias = _rows(dx).float().sum(0).to(ctx.bias_dtype) if ctx.has_bias else None
+        dbias = _rows(dx).sum(0, dtype=torch.float32).to(ctx.bias_dtype) if ctx.has_bias else None
         return dx, dbias, dy.to(ctx.res_dtype), None
 
 

@@ -1,6 +1,7 @@
 """Every Triton kernel a fusion flag selects equals its torch reference, forward and backward, in
 fp32 and bf16: on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1, set by
-tests/conftest.py), and compiled on a GPU in the GPU tier. The model's fused modules take the
+tests/conftest.py), and compiled on a GPU in the GPU tier (test_triton_compile.py compiles each
+launch for a Hopper GPU without one). The model's fused modules take the
 kernel path exactly where `use_triton` says, and a whole model with every flag on gives the
 loss and gradients of the same model on the torch paths."""
 
@@ -97,14 +98,16 @@ def test_norm_kernel_equals_torch(kernels, device, dtype, rms, bias):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim,rotary_ndims", [(16, 16), (16, 4), (24, 12)])
+@pytest.mark.parametrize("head_dim,rotary_ndims,seq", [(16, 16, 5), (16, 4, 5), (24, 12, 5),
+                                                        (128, 32, 37)])
 def test_rotary_kernel_equals_torch_including_strided_queries(kernels, device, dtype, head_dim,
-                                                               rotary_ndims):
-    rope = RotaryEmbedding(rotary_ndims, 10000.0, 64).to(device)
-    positions = torch.stack([torch.arange(5), torch.arange(5) + 40]).to(device)  # per-row offsets
+                                                               rotary_ndims, seq):
+    """(128, 32, 37): GPT-NeoX 1-3B's heads; 222 rows in 7 programs of 32, the last one short."""
+    rope = RotaryEmbedding(rotary_ndims, 10000.0, 128).to(device)
+    positions = torch.stack([torch.arange(seq), torch.arange(seq) + 40]).to(device)  # offsets
     cos, sin = rope.cos_sin(positions)
     # a [b, s, heads, d] buffer seen as [b, heads, s, d], as attention hands queries over
-    q = inputs((2, 5, 3, head_dim), dtype, device).detach().transpose(1, 2).requires_grad_()
+    q = inputs((2, seq, 3, head_dim), dtype, device).detach().transpose(1, 2).requires_grad_()
     compare(lambda q: kernels.rotary(q, cos, sin), lambda q: rope.rotate(q, cos, sin), [q],
             dtype, f"rotary {rotary_ndims}/{head_dim}")
 
