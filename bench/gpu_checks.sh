@@ -38,15 +38,16 @@ deadline=$(( start + ${GPU_CHECKS_SECONDS:-570} ))
 limit() { local left=$(( deadline - $(date +%s) )); echo $(( $1 < left ? $1 : left )); }
 
 bench() {  # bench LIMIT_S ARGS...: one bench/train.py run, its rows appended to bench.log
-    timeout "$(limit "$1")" python3 bench/train.py "${@:2}" 2>&1 | grep -v "real_accelerator\|USDT" \
-        | tee -a "$OUT/bench.log"
+    timeout "$(limit "$1")" python3 bench/train.py "${@:2}" 2>&1 \
+        | grep -v "real_accelerator\|USDT" | tee -a "$OUT/bench.log"
     echo "bench ${*:2}: status ${PIPESTATUS[0]} at $(( $(date +%s) - start )) s" \
         | tee -a "$OUT/bench.log"
 }
 
 for step in "$@"; do
-    if (( $(limit 30) < 30 )); then echo "$step: not run, under 30 s left" | tee -a "$OUT/bench.log"
-        continue; fi
+    if (( $(limit 30) < 30 )); then
+        echo "$step: not run, under 30 s left" | tee -a "$OUT/bench.log"; continue
+    fi
     case $step in
         tier)  # in 4 processes where pytest-xdist is there; no test may take over 150 s
             parallel=(); python3 -c "import xdist" 2>/dev/null && parallel=(-n 4)

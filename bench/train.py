@@ -275,9 +275,10 @@ def hf_model(config):
     return GPTNeoXForCausalLM(hf).to(device()).to(torch.float32)
 
 
-def bench_hf(config, dtype: str, micro: int, warmup: int, steps: int, compiled: str) -> float:
-    """The reference's step time; `compiled`: "" (eager), "layers" (each decoder layer through
-    torch.compile) or "whole" (the model through torch.compile)."""
+def bench_hf(config, dtype: str, micro: int, warmup: int, steps: int, compiled: str) -> tuple:
+    """(median step seconds, page faults per step, graphs compiled or None) of the reference;
+    `compiled`: "" (eager), "layers" (each decoder layer through torch.compile) or "whole"
+    (the model through torch.compile)."""
     import torch
 
     model = hf_model(config)

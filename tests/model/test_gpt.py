@@ -166,8 +166,8 @@ def test_kv_cache_with_left_padding_matches_unpadded_prompt():
 @pytest.mark.parametrize("name", ["neox", "llama"])
 def test_the_qkv_gradient_is_written_once_not_once_per_query_key_and_value(name):
     """The backward of the fused QKV projection's split writes its gradient in one op: slices
-    of it would each write a zero-filled QKV-sized tensor, and the three be added up (at 1-3B
-    some 1.7 GB more memory traffic per layer and step)."""
+    of it would each write a zero-filled QKV-sized tensor, and the three be added up (five
+    QKV-sized writes; at 1-3B, micro batch 8 and seq 2048 one is 192 MB)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Ops(TorchDispatchMode):

@@ -1,9 +1,9 @@
 """Every Triton kernel a fusion flag selects equals its torch reference, forward and backward, in
 fp32 and bf16: on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1, set by
 tests/conftest.py), and compiled on a GPU in the GPU tier (test_triton_compile.py compiles each
-launch for a Hopper GPU without one). The model's fused modules take the
-kernel path exactly where `use_triton` says, and a whole model with every flag on gives the
-loss and gradients of the same model on the torch paths."""
+launch for a Hopper GPU without one). The model's fused modules take the kernel path exactly
+where `use_triton` says, and a whole model with every flag on gives the loss and gradients of
+the same model on the torch paths."""
 
 from __future__ import annotations
 
