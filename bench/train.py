@@ -11,7 +11,9 @@ CPUs without AMX, where bf16 products run in fp32, megatron/mpu/products.py).
 
 `--fusions config on` runs our model once with the fusion flags as the size's config file sets
 them (GPT-NeoX's: off) and once with layernorm, rope, bias_gelu and bias_dropout fusion on
-(the Triton kernels on a GPU). `--profile N` prints the N operators with the most device time
+(the Triton kernels on a GPU); `compile` adds `torch_compile: true` to those flags (each
+transformer layer through torch.compile, as the compiled reference's layers are; fp32 only on a
+CPU, megatron/model/compile.py). `--profile N` prints the N operators with the most device time
 in one more of our steps. Each of our runs is printed as soon as it is measured, and again
 beside the reference once that has run (a compiled reference can take minutes to compile).
 
@@ -120,7 +122,8 @@ def neox_args(size: str, dtype: str, seq: int, micro: int, pipe: int, fusions: s
     # fp16: dynamic loss scaling from 2^16 (DeepSpeed's default, which GPT-NeoX's configs keep)
     fp16 = ("{enabled: true, loss_scale: 0, initial_scale_power: 16}" if dtype == "fp16"
             else "null")
-    flags = [f"{flag}=true" for flag in FUSION_FLAGS] if fusions == "on" else []
+    flags = [f"{flag}=true" for flag in FUSION_FLAGS] if fusions in ("on", "compile") else []
+    flags += ["torch_compile=true"] if fusions == "compile" else []
     return NeoXArgs.from_ymls([str(ROOT / path)], [
         "num_gpus=1", f"seq_length={seq}", f"max_position_embeddings={seq}",
         f"train_micro_batch_size_per_gpu={micro}", f"train_batch_size={micro}",
@@ -348,8 +351,10 @@ def measure(side: str, opts, size: str, dtype: str, seq: int, micro: int,
     init_distributed("auto", 5.0)
     config, seconds, phases, allocated, faults, table = bench_ours(
         args, vocab, opts.warmup, opts.steps, opts.profile)
+    from megatron.model.compile import graphs_compiled
+
     return {"seconds": seconds, "faults": faults, "phases": phases, "allocated": allocated,
-            "config": config, "profile": table}
+            "config": config, "profile": table, "graphs": graphs_compiled()}
 
 
 def in_fresh_process(*args) -> dict:
@@ -367,11 +372,13 @@ def main(argv=None) -> int:
                         choices=["fp32", "bf16", "fp16"],
                         help="fp16 (GPU only): DeepSpeed's fp16 with dynamic loss scaling for us, "
                              "autocast(float16) with torch's GradScaler for the reference")
-    parser.add_argument("--fusions", nargs="+", default=["config"], choices=["config", "on"],
+    parser.add_argument("--fusions", nargs="+", default=["config"],
+                        choices=["config", "on", "compile"],
                         help="our model's fusion flags as the size's config file sets them "
                              "(GPT-NeoX's configs: off), or on: " + ", ".join(FUSION_FLAGS) +
-                             "; one row of ours per choice, one reference run (built like the "
-                             "first choice)")
+                             ", or compile: those flags and torch_compile (each transformer "
+                             "layer through torch.compile); one row of ours per choice, one "
+                             "reference run (built like the first choice)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="after each of our runs, the N operators with the most device time "
                              "in one more step (torch.profiler)")
@@ -477,7 +484,8 @@ def notes(opts, args, vocab, mine):
     """The lines under one of our rows: where the step went, memory, the profile."""
     from megatron.training.memory_estimate import GIB, training_estimate
 
-    print(f"      {mine['phases']}", flush=True)
+    print(f"      {mine['phases']}" + (f"; {mine['graphs']} graph(s) compiled"
+                                         if mine.get("graphs") else ""), flush=True)
     kind = device().type
     estimate = training_estimate(args, vocab, device=kind)
     measured = "peak allocated" if kind == "cuda" else "peak resident memory"

@@ -121,9 +121,16 @@ def exit_process(status: int):
     import atexit
     import threading
 
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        # the interpreter's own first step at exit: threading's exit hooks, which tell a
+        # ThreadPoolExecutor's idle workers (torch.compile keeps some) to stop, then the join.
+        # Joining those workers without the hooks waits for ever.
+        shutdown()
+    else:
+        for thread in threading.enumerate():
+            if thread is not threading.main_thread() and not thread.daemon:
+                thread.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -45,7 +45,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from megatron.host import check_precision_supported
+from megatron.host import check_precision_supported, cuda_available
+from megatron.model.compile import check_supported as check_compile_supported
 from megatron.paths import check_writable
 
 LOADING_SCRIPTS = ("train.py", "reshard.py")
@@ -241,6 +242,8 @@ def _check_training_inputs(args) -> None:
     _check_split_sizes(args)
     if not args.launcher.hostfile:  # with a hostfile, the GPUs are on other machines
         check_precision_supported(args.derived.precision)
+        check_compile_supported(args.model.torch_compile, args.derived.precision,
+                                cuda_available())
     _check_side_files(args)
     _check_post_training_start(args)
 

@@ -113,3 +113,27 @@ def test_a_config_file_where_the_script_goes_is_named_as_such():
                                          r"argument is the script to run: python deepy.py "
                                          r"train.py configs/tiny.yml"):
         launch("configs/tiny.yml", [])
+
+
+@pytest.mark.parametrize("status", [0, 3])
+def test_exit_process_returns_with_a_thread_pool_alive(status, tmp_path):
+    """A finished script exits with its status while a ThreadPoolExecutor's idle worker threads
+    (torch.compile leaves some) are alive, running atexit handlers as the interpreter does."""
+    import subprocess
+    import sys
+
+    from tests.runs import ROOT
+
+    marker = tmp_path / "atexit"
+    script = (
+        "import atexit, pathlib\n"
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "from megatron.entry import exit_process\n"
+        "pool = ThreadPoolExecutor(2)\n"
+        "assert pool.submit(sum, [1, 2]).result() == 3\n"
+        f"atexit.register(pathlib.Path({str(marker)!r}).write_text, 'ran')\n"
+        f"exit_process({status})\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, timeout=60,
+                          capture_output=True, text=True)
+    assert proc.returncode == status, proc.stderr
+    assert marker.read_text() == "ran"

@@ -5,6 +5,8 @@ With tensor parallelism each rank holds num_kv_heads/tp KV groups and their quer
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -89,7 +91,9 @@ class SelfAttention(nn.Module):
         dtype = q.dtype
         if upcast(q, self.fp32_products):
             q, k, v = q.float(), k.float(), v.float()
-        with self.tp.split_region_rng():
+        # each rank's heads draw their dropout from its own stream; without dropout nothing is
+        # drawn, and the stream is not switched (a switch is a graph break under torch_compile)
+        with self.tp.split_region_rng() if p > 0 else contextlib.nullcontext():
             out = self.kernel(q.contiguous(), k.contiguous(), v.contiguous(), mask, p,
                               self.softmax_fp32).to(dtype)
         out = out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)  # [b, s, h/tp]

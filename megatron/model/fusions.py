@@ -74,8 +74,9 @@ def triton_on_cpu():
 
 def use_triton(x: torch.Tensor) -> bool:
     """Whether the Triton kernels run on tensor x: a GPU tensor with `triton` installed (or a CPU
-    tensor inside `triton_on_cpu`)."""
-    if triton_kernels() is None:
+    tensor inside `triton_on_cpu`), outside a region torch.compile traces (torch_compile:
+    inductor fuses those ops itself, megatron/model/compile.py)."""
+    if torch.compiler.is_compiling() or triton_kernels() is None:
         return False
     return x.is_cuda or (_on_cpu and x.device.type == "cpu")
 

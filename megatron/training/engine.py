@@ -6,7 +6,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from megatron.checkpointing.run import RunDescription
-from megatron.host import check_precision_supported
+from megatron.host import check_precision_supported, cuda_available
+from megatron.model.compile import check_supported as check_compile_supported
+from megatron.model.compile import compile_layers
+from megatron.model.compile import describe as describe_compiled
 from megatron.model.config import ModelConfig
 from megatron.model.fusions import fusion_paths
 from megatron.model.gpt import GPTModel, build_pipeline_model
@@ -83,6 +86,7 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
     disable_deepspeed_shm_allreduce()
     hide_foreign_deprecations()
     check_precision_supported(args.derived.precision)
+    check_compile_supported(args.model.torch_compile, args.derived.precision, cuda_available())
     tp = groups.tensor_parallel(args.training.seed, args.parallelism.sequence_parallel)
     for line in fusion_paths(args.model):
         log.info("%s", line)
@@ -105,6 +109,8 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
     hooked = sync_sequence_parallel_grads(model, tp)
     if hooked:
         log.info("sequence parallelism: %d parameters all-reduce their gradients over tp", hooked)
+    if args.model.torch_compile:
+        log.info("%s", describe_compiled(*compile_layers(model)))
     expert_group = None
     if tp.ep.enabled:
         expert_group = expert_parallel.prepare(model, groups, model_config.moe_num_experts)

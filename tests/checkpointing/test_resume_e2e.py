@@ -71,11 +71,13 @@ _references: dict = {}
 
 @pytest.fixture
 def reference(small_data, tmp_path_factory):
-    """The uninterrupted run of a precision: (losses by iteration, checkpoint root)."""
+    """The uninterrupted run of a precision (or "compiled": fp32 with torch_compile): (losses
+    by iteration, checkpoint root)."""
     def get(precision: str):
         if precision not in _references:
             run_dir = tmp_path_factory.mktemp(f"reference-{precision}")
-            extra = {"bf16": "{enabled: true}"} if precision == "bf16" else {}
+            extra = {"bf16": {"bf16": "{enabled: true}"},
+                     "compiled": {"torch_compile": True}}.get(precision, {})
             proc = run(small_data, run_dir, **extra)
             assert proc.returncode == 0, explain(proc)
             _references[precision] = (losses_by_iteration(run_dir), run_dir / "ckpt")
@@ -93,6 +95,13 @@ def test_stop_and_resume_is_bitwise_identical_to_an_uninterrupted_run(small_data
     """fp32 on two data-parallel processes (bf16 stop and resume, at tensor x pipeline 2 x 2:
     tests/checkpointing/test_layouts_e2e.py)."""
     assert_stop_and_resume_exact(small_data, tmp_path, reference("fp32"))
+
+
+@pytest.mark.slow
+def test_compiled_layers_stop_and_resume_bitwise_identically(small_data, tmp_path, reference):
+    """torch_compile: the compiled layers' dropout masks come from the generator state the
+    checkpoint restores, so a resumed run equals the uninterrupted one bit for bit too."""
+    assert_stop_and_resume_exact(small_data, tmp_path, reference("compiled"), torch_compile=True)
 
 
 def assert_stop_and_resume_exact(small_data, run_dir: Path, reference, **extra) -> None:

@@ -231,6 +231,34 @@ def test_fp16_on_cpu_is_refused_with_what_to_use_instead(small_data, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_torch_compile_trains_from_the_config_key(small_data, tmp_path):
+    """torch_compile: true through train.py: the start-up line names the compiled layers, the
+    run learns and saves."""
+    prefix, tok = small_data
+    run = tmp_path / "run"
+    proc = launch_in_process("train.py", "configs/tiny.yml",
+                             *tiny_overrides(prefix, tok, run, num_gpus=1, torch_compile=True))
+    assert proc.returncode == 0, explain(proc)
+    output = proc.stdout + proc.stderr
+    assert output.count("torch_compile: 4 transformer layer(s) run through torch.compile") == 1, \
+        explain(proc)
+    assert "Traceback" not in output and "graph break" not in output.lower(), explain(proc)
+    train, _ = read_metrics(run / "logs")
+    assert_learned(train, min_drop=0.3)
+    assert (run / "ckpt" / "global_step20").is_dir()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the CPU-only refusal")
+def test_torch_compile_with_bf16_on_cpu_is_refused_before_any_worker(small_data, tmp_path):
+    prefix, tok = small_data
+    proc = deepy("train.py", "configs/tiny.yml",
+                 *tiny_overrides(prefix, tok, tmp_path, num_gpus=1, bf16="{enabled: true}",
+                                 torch_compile=True))
+    assert proc.returncode != 0
+    assert "torch_compile: true with bf16 needs a CUDA GPU" in proc.stderr, explain(proc)
+    assert "Traceback" not in proc.stderr and not (tmp_path / "logs").exists()
+
+
 def test_llama_style_config_trains_with_tensor_parallel_gqa(small_data, tmp_path):
     """configs/tiny_llama.yml: rmsnorm, swiglu, rotary, 2 KV heads for 4 query heads, no biases;
     split over 2 tensor-parallel ranks (one KV head each)."""

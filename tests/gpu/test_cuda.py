@@ -85,14 +85,15 @@ def _bf16_against_fp32(rank, world, directory: Path) -> dict:
     return out
 
 
-def _exact_resume(rank, world, directory: Path, pipe: int) -> dict:
+def _exact_resume(rank, world, directory: Path, pipe: int, compiled: bool = False) -> dict:
     """Dropout on: train 3 steps, save, train 2; a fresh engine loads and trains the same 2 —
-    the CUDA generator's state travels in the checkpoint."""
+    the CUDA generator's state travels in the checkpoint (with `compiled`, torch_compile: the
+    masks of inductor's kernels are drawn from it too)."""
     from megatron.checkpointing import load_checkpoint, save_checkpoint
     from tests.checkpointing import engines
 
     overrides = dict(bf16={"enabled": True}, fp16=None, hidden_dropout=0.1,
-                     attention_dropout=0.1, pipe_parallel_size=pipe)
+                     attention_dropout=0.1, pipe_parallel_size=pipe, torch_compile=compiled)
     args, first = _build(directory, **overrides)
     engines.train(first, args, 3)
     save_checkpoint(first, args.checkpoint, 3, {})
@@ -105,6 +106,25 @@ def _exact_resume(rank, world, directory: Path, pipe: int) -> dict:
             "same_weights": all(torch.equal(weights[k], v)
                                 for k, v in engines.weights(second).items()),
             "device": str(next(second.engine.module.parameters()).device)}
+
+
+def _compiled_against_eager(rank, world, directory: Path) -> dict:
+    """The same three bf16 steps with the fusion flags' Triton kernels (eager layers) and with
+    torch_compile (inductor's kernels in their place)."""
+    from megatron.model.compile import graphs_compiled
+    from tests.checkpointing import engines
+
+    flags = dict(layernorm_fusion=True, rope_fusion=True, bias_gelu_fusion=True,
+                 bias_dropout_fusion=True, pos_emb="rotary")
+    out = {}
+    for name, compiled in (("eager", False), ("compiled", True)):
+        before = graphs_compiled()
+        args, engine = _build(directory / name, bf16={"enabled": True}, fp16=None,
+                              hidden_dropout=0.0, attention_dropout=0.0, torch_compile=compiled,
+                              **flags)
+        out[name] = engines.train(engine, args, 3)
+        out[name + "_graphs"] = graphs_compiled() - before
+    return out
 
 
 # ---- the tests -------------------------------------------------------------------------------
@@ -136,9 +156,17 @@ def test_bf16_steps_on_cuda_follow_the_fp32_ones(tmp_path):
         assert abs(a - b) < 2e-2 * a, (out["fp32"], out["bf16"])
 
 
-@pytest.mark.parametrize("pipe", [0, 1], ids=["plain", "pipeline"])
-def test_a_resumed_run_with_dropout_continues_bit_exactly_on_cuda(tmp_path, pipe):
-    out = run_distributed(_exact_resume, 1, tmp_path, pipe, join=False)[0]
+def test_compiled_layers_follow_the_fused_eager_ones_on_cuda(tmp_path):
+    out = run_distributed(_compiled_against_eager, 1, tmp_path, join=False)[0]
+    assert out["eager_graphs"] == 0 and out["compiled_graphs"] == 1, out
+    for a, b in zip(out["eager"], out["compiled"]):
+        assert abs(a - b) < 1e-2 * a, out
+
+
+@pytest.mark.parametrize("pipe,compiled", [(0, False), (1, False), (1, True)],
+                         ids=["plain", "pipeline", "pipeline-compiled"])
+def test_a_resumed_run_with_dropout_continues_bit_exactly_on_cuda(tmp_path, pipe, compiled):
+    out = run_distributed(_exact_resume, 1, tmp_path, pipe, compiled, join=False)[0]
     assert out["device"] == "cuda:0"
     assert out["resumed"] == out["after"]
     assert out["same_weights"]

@@ -148,6 +148,14 @@ class ModelArgs:
         "With activation swiglu, the Triton SwiGLU kernel (forward and backward) on GPUs "
         "instead of flash-attn's; the eager silu(gate) * value elsewhere.",
     )
+    torch_compile: bool = option(
+        False,
+        "Training: each dense transformer layer runs through torch.compile (inductor), which "
+        "fuses its elementwise ops and cuts per-op launch cost; inside those layers inductor's "
+        "kernels replace the fusion flags' Triton kernels (the flags' math, such as "
+        "bias_gelu_fusion's tanh GELU, stays). MoE and Mamba layers, generation and "
+        "evaluation run eager. Not a GPT-NeoX key. See docs/train.md, Compiled layers.",
+    )
     cpu_matmul_precision: str = option(
         "auto",
         "bf16/fp16 matrix products on CPU tensors: fp32 multiplies the operands as fp32 and "
