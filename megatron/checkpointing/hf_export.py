@@ -23,8 +23,9 @@ training, the bf16/fp16 module weights of mixed-precision runs); fp32/bf16/fp16 
 
 The output directory is checked before any weight is read: never a checkpoint, a save directory
 or the input directory (or inside a checkpoint), and not an existing non-empty directory unless
-`overwrite`, which removes the earlier export's weight and index files (EXPORT_FILES) before the
-new ones are written, so that no stale shard or index survives beside them.
+`overwrite`, which removes the earlier export's model files (EXPORT_FILES: weights, index, config
+and tokenizer files) before the new ones are written, so that no stale shard, index or tokenizer
+survives beside them (an export whose tokenizer has no Hugging Face form writes none).
 """
 
 from __future__ import annotations
@@ -54,8 +55,12 @@ log = get_logger(__name__)
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MAMBA_SSM = "mamba_ssm"  # the architecture name of mamba_ssm's format (mamba_ssm_export.py)
 # what an earlier export left that --overwrite removes: stale shards or an index naming them
-# would otherwise be loaded by transformers beside (or instead of) the new weights
-EXPORT_FILES = ("model*.safetensors", "pytorch_model*.bin", "*.index.json")
+# would otherwise be loaded by transformers beside (or instead of) the new weights, and a stale
+# tokenizer by AutoTokenizer where the new export writes none (or other files)
+EXPORT_FILES = ("model*.safetensors", "pytorch_model*.bin", "*.index.json", "config.json",
+                "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model",
+                "chat_template.jinja")
 
 
 def current_umask() -> int:
@@ -183,8 +188,8 @@ def check_output_dir(output_dir: Path, step_dir: Path, input_dir: Path, overwrit
                          f"default is {default_output_dir(step_dir)})")
     if output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:
         raise FileExistsError(f"--output_dir {output_dir} exists and is not empty: pass "
-                              "--overwrite to export into it (the weight and index files of an "
-                              "earlier export there are removed first), or choose a new "
+                              "--overwrite to export into it (the model, weight and tokenizer files "
+                              "of an earlier export there are removed first), or choose a new "
                               "directory")
     check_writable("--output_dir", output_dir)
 

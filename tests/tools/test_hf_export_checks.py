@@ -101,8 +101,10 @@ def test_a_non_empty_output_dir_needs_overwrite_which_removes_the_earlier_export
     save, weights = saves
     out = tmp_path / "hf"
     out.mkdir()
+    # a transformers save's tokenizer files too: AutoTokenizer would read them beside ours
     stale = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
-             "model.safetensors.index.json", "pytorch_model.bin"]
+             "model.safetensors.index.json", "pytorch_model.bin", "special_tokens_map.json",
+             "tokenizer.json", "vocab.json", "merges.txt"]
     for name in stale + ["README.md"]:
         (out / name).write_text("{}")
     before = tree(out)
@@ -111,13 +113,13 @@ def test_a_non_empty_output_dir_needs_overwrite_which_removes_the_earlier_export
         assert export("--input_dir", str(save), "--output_dir", str(out)) == 1
     assert last_error(capsys) == (
         f"error: --output_dir {out} exists and is not empty: pass --overwrite to export into it "
-        "(the weight and index files of an earlier export there are removed first), or choose a "
-        "new directory")
+        "(the model, weight and tokenizer files of an earlier export there are removed first), or "
+        "choose a new directory")
     assert tree(out) == before
 
     caplog.set_level("INFO", logger="megatron")
     assert export("--input_dir", str(save), "--output_dir", str(out), "--overwrite") == 0
-    assert (f"--overwrite: removed 4 file(s) of an earlier export from {out}: "
+    assert (f"--overwrite: removed 8 file(s) of an earlier export from {out}: "
             f"{', '.join(sorted(stale))}") in caplog.messages
     assert sorted(p.name for p in out.iterdir()) == [
         "README.md", "config.json", "generation_config.json", "model.safetensors",

@@ -17,7 +17,7 @@ pytorch_model.bin, as GPT-NeoX's convert_neox_to_mamba_ssm.py writes).
 checkpoint its `latest` names, is exported); --output_dir defaults to <save>/hf/global_step<N>,
 beside the checkpoint. It must not be a checkpoint, a save directory or the input directory,
 and an existing non-empty one is refused unless --overwrite, which first removes the earlier
-export's weight and index files there. --config_file (default: the checkpoint's own config.yml,
+export's model, weight and tokenizer files there. --config_file (default: the checkpoint's own config.yml,
 whose relative vocab_file / merge_file are read from the current directory) gives the model and
 the tokenizer. --architecture auto picks the Hugging Face class that holds the model;
 --precision auto keeps the dtype the checkpoint stores its weights in. The result loads with
@@ -52,8 +52,8 @@ def main(argv=None) -> int:
                              "<save>/hf/global_step<N>, beside the checkpoint)")
     parser.add_argument("--overwrite", action="store_true",
                         help="export into an existing non-empty --output_dir, removing the "
-                             "earlier export's model*.safetensors, pytorch_model*.bin and "
-                             "*.index.json first")
+                             "earlier export's weights (model*.safetensors, pytorch_model*.bin, "
+                             "*.index.json), config.json and tokenizer files first")
     parser.add_argument("--architecture", default="auto",
                         choices=["auto", "neox", "llama", "mixtral", "mamba", "mamba_ssm"],
                         help="the Hugging Face class to write (auto: the one that holds the "
