@@ -75,16 +75,31 @@ def test_compiled_dropout_is_replayed_by_activation_recompute(tmp_path):
 
 
 @pytest.mark.slow
-def test_compiled_layers_under_tensor_and_sequence_parallelism(tmp_path):
-    """2 tensor-parallel ranks with sequence parallelism: the compiled layers (their
-    all-gathers and reduce-scatters inside the graph) train as the eager ones."""
+@pytest.mark.parametrize("layout", [
+    dict(model_parallel_size=2, sequence_parallel=True),
+    dict(pipe_parallel_size=2),
+], ids=["tp2-sequence-parallel", "pp2"])
+def test_compiled_layers_under_tensor_sequence_and_pipeline_parallelism(tmp_path, layout):
+    """2 tensor-parallel ranks with sequence parallelism (the layers' all-gathers and
+    reduce-scatters inside the compiled graph), or 2 pipeline stages of one layer each: the
+    compiled layers train as the eager ones."""
     results = run_distributed(_train, 2, str(tmp_path), [
-        dict(NO_DROPOUT, model_parallel_size=2, sequence_parallel=True),
-        dict(NO_DROPOUT, model_parallel_size=2, sequence_parallel=True, torch_compile=True),
+        dict(NO_DROPOUT, **layout),
+        dict(NO_DROPOUT, **layout, torch_compile=True),
     ])
     for eager, compiled in results:
         assert compiled["graphs"] == 1, compiled
         torch.testing.assert_close(compiled["losses"], eager["losses"], rtol=1e-5, atol=0)
+
+
+def test_a_model_with_moe_layers_compiles_its_dense_layers_and_trains_as_eager(tmp_path):
+    """Every other layer an MoE layer: the dense ones compile, the MoE ones run eager, and the
+    losses are the eager model's."""
+    moe = dict(NO_DROPOUT, moe_num_experts=2, moe_expert_interval=2)
+    eager, compiled = run_distributed(_train, 1, str(tmp_path), [
+        moe, dict(moe, torch_compile=True)])[0]
+    assert compiled["lines"] == [describe(1, 1)]
+    torch.testing.assert_close(compiled["losses"], eager["losses"], rtol=1e-5, atol=0)
 
 
 def test_moe_layers_stay_eager():
