@@ -36,19 +36,33 @@ def check_supported(enabled: bool, precision: str, on_cuda: bool) -> None:
             "'conflicting declaration' error). Train in fp32 on CPU, or set torch_compile: false")
 
 
+# graphs one kind of layer can need: training, the no-grad forward of activation checkpointing,
+# evaluation, and a shape-generic graph where a batch of another size comes
+GRAPHS_PER_KIND = 4
+
+
 def compile_layers(model: nn.Module) -> tuple[int, int]:
     """Compile each dense transformer layer of `model` in place; (layers compiled, transformer
-    and Mamba layers left eager)."""
+    and Mamba layers left eager).
+
+    All layers run one forward function, and dynamo compiles at most `recompile_limit` graphs
+    (8 by default) for a function before running it eager: where the layers differ in kind
+    (attention type and window), the limit is raised to GRAPHS_PER_KIND graphs per kind."""
+    import torch._dynamo
+
     from megatron.model.block import TransformerLayer
     from megatron.model.mamba import MambaLayer
 
-    compiled = eager = 0
+    compiled, eager, kinds = 0, 0, set()
     for module in model.modules():
         if isinstance(module, TransformerLayer) and not module.moe:
             module.compile()
             compiled += 1
+            kinds.add((module.attention.attention_type, module.attention.window))
         elif isinstance(module, (TransformerLayer, MambaLayer)):
             eager += 1
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, GRAPHS_PER_KIND * len(kinds))
     return compiled, eager
 
 

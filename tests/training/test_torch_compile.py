@@ -117,6 +117,24 @@ def test_moe_layers_stay_eager():
     assert describe(2, 2).endswith("; 2 MoE or Mamba layer(s) run eager")
 
 
+def test_layers_of_several_kinds_raise_dynamos_recompile_limit(monkeypatch):
+    """Global, local and flash-windowed layers share one forward function: dynamo may compile
+    GRAPHS_PER_KIND graphs for each kind before it would fall back to eager."""
+    import torch._dynamo
+
+    from megatron.model.compile import GRAPHS_PER_KIND, compile_layers
+    from megatron.model.config import ModelConfig
+    from megatron.model.gpt import GPTModel
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    config = ModelConfig(num_layers=3, hidden_size=32, num_attention_heads=4, num_kv_heads=4,
+                         intermediate_size=64, seq_length=8, max_position_embeddings=8,
+                         padded_vocab_size=64, attention_types=("global", "local", "flash"),
+                         sliding_window_width=3)
+    assert compile_layers(GPTModel(config)) == (3, 0)
+    assert torch._dynamo.config.recompile_limit == 3 * GRAPHS_PER_KIND == 12
+
+
 def test_bf16_and_fp16_without_a_gpu_are_refused_by_name():
     check_supported(True, "fp32", on_cuda=False)
     check_supported(True, "bf16", on_cuda=True)
