@@ -19,6 +19,7 @@ from megatron.checkpointing.locate import newest_good_iteration
 from megatron.checkpointing.model_shape import vocab_for_run
 from megatron.data.fingerprints import (check_datasets_unchanged, check_file_sizes,
                                         compare_fingerprints, dataset_fingerprints)
+from megatron.model.compile import graphs_compiled
 from megatron.model.config import model_config_from_args
 from megatron.monitoring.logger import get_logger, print_rank_0
 from megatron.monitoring.profiler import StepProfiler
@@ -284,12 +285,18 @@ def _train_steps(args, engine, state: RunState, train_iter, valid_iter, train_lo
     saved_at = None
     interval_start = time.perf_counter()
     scaling = engine.engine.fp16_enabled() and engine.engine.dynamic_loss_scale()
+    compiling = args.model.torch_compile  # the first step compiles the layers: said once
     while state.iteration < t.train_iters:
         train_log.before_step(state.iteration + 1)
         skipped = engine.engine.skipped_steps
+        step_start = time.perf_counter()
         with profiler.step(state.iteration + 1), watchdog.phase("train step",
                                                                 state.iteration + 1):
             loss, metrics = _scaled_step(args, engine, train_iter, state.iteration + 1)
+        if compiling:
+            compiling = False
+            log.info("torch_compile: the first step compiled %d graph(s) in %.1f s",
+                     graphs_compiled(), time.perf_counter() - step_start)
         state.iteration += 1
         state.consumed_train_samples += gbs
         state.interval_losses.append(loss)

@@ -5,6 +5,7 @@ validation lines, checkpoint files, and the iteration a resumed run starts from.
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -243,6 +244,9 @@ def test_torch_compile_trains_from_the_config_key(small_data, tmp_path):
     assert output.count("torch_compile: 4 transformer layer(s) run through torch.compile") == 1, \
         explain(proc)
     assert "Traceback" not in output and "graph break" not in output.lower(), explain(proc)
+    # the layers' one graph, compiled in the first step (validation's eval-mode graph later)
+    assert re.search(r"torch_compile: the first step compiled 1 graph\(s\) in \d+\.\d s",
+                     output), explain(proc)
     train, _ = read_metrics(run / "logs")
     assert_learned(train, min_drop=0.3)
     assert (run / "ckpt" / "global_step20").is_dir()
