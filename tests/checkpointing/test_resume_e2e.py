@@ -98,10 +98,35 @@ def test_stop_and_resume_is_bitwise_identical_to_an_uninterrupted_run(small_data
 
 
 @pytest.mark.slow
-def test_compiled_layers_stop_and_resume_bitwise_identically(small_data, tmp_path, reference):
+def test_compiled_layers_stop_and_resume_continue_the_uninterrupted_run(small_data, tmp_path,
+                                                                       reference):
     """torch_compile: the compiled layers' dropout masks come from the generator state the
-    checkpoint restores, so a resumed run equals the uninterrupted one bit for bit too."""
-    assert_stop_and_resume_exact(small_data, tmp_path, reference("compiled"), torch_compile=True)
+    checkpoint restores, so a resumed run continues the uninterrupted one: to fp32 rounding,
+    not bit for bit, since inductor's CPU kernels (OpenMP) may sum in another order in another
+    process (one run of several differed in the seventh digit of its last loss). A mask drawn
+    differently would move the loss by far more."""
+    want_losses, want_root = reference("compiled")
+    first = run(small_data, tmp_path, exit_interval=3, torch_compile=True)
+    assert first.returncode == 0, explain(first)
+    second = run(small_data, tmp_path, torch_compile=True)
+    assert second.returncode == 0, explain(second)
+    assert "from iteration 3 to 6" in second.stdout
+    got = losses_by_iteration(tmp_path)
+    assert got.keys() == want_losses.keys()
+    for iteration, loss in want_losses.items():
+        assert got[iteration] == pytest.approx(loss, rel=1e-5), (iteration, got, want_losses)
+    names = sorted(p.name for p in (want_root / "global_step6").glob("*.pt"))
+    for name in names:
+        mine = tensors(torch.load(tmp_path / "ckpt" / "global_step6" / name, map_location="cpu",
+                                  weights_only=False))
+        theirs = tensors(torch.load(want_root / "global_step6" / name, map_location="cpu",
+                                    weights_only=False))
+        assert mine.keys() == theirs.keys(), name
+        for key, value in theirs.items():
+            if value.is_floating_point():
+                torch.testing.assert_close(mine[key], value, rtol=1e-4, atol=1e-6)
+            else:
+                assert torch.equal(mine[key], value), (name, key)
 
 
 def assert_stop_and_resume_exact(small_data, run_dir: Path, reference, **extra) -> None:
