@@ -78,7 +78,9 @@ def cpu_flags() -> frozenset[str]:
 
 def fp32_products(setting: str) -> bool:
     """Whether `cpu_matmul_precision: <setting>` multiplies bf16 operands on CPU as fp32
-    (megatron/mpu/products.py): auto does, unless the CPU has AMX tiles for bf16."""
+    (megatron/mpu/products.py). `auto` before a run has timed the two (as `deepy.py`'s memory
+    estimate sees it): fp32 unless the CPU has AMX tiles for bf16; the workers replace it with
+    what they measure (products.measured_choice)."""
     if setting == "auto":
         return "amx_bf16" not in cpu_flags()
     if setting in ("fp32", "native"):

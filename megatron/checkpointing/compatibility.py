@@ -34,10 +34,13 @@ def describe_run(engine) -> dict:
     """The manifest's `run`: this run's degrees, ZeRO stage, precision and model shape (from
     `engine.run`, see run.py). Collective (vocab lookup)."""
     run, topo = engine.run, engine.topology
-    return {"tp": topo.tp, "pp": topo.pp, "pipe_parallel_size": run.pipe_parallel_size,
-            "dp": topo.dp, "world_size": topo.world_size, "ep": topo.ep,
-            "zero_stage": run.zero_stage, "precision": run.precision,
-            **run.shape, "padded_vocab_size": padded_vocab_size(engine.engine.module, topo.tp)}
+    described = {"tp": topo.tp, "pp": topo.pp, "pipe_parallel_size": run.pipe_parallel_size,
+                 "dp": topo.dp, "world_size": topo.world_size, "ep": topo.ep,
+                 "zero_stage": run.zero_stage, "precision": run.precision, **run.shape,
+                 "padded_vocab_size": padded_vocab_size(engine.engine.module, topo.tp)}
+    if run.cpu_products:  # what a resumed run with cpu_matmul_precision: auto keeps
+        described["cpu_matmul_precision"] = run.cpu_products
+    return described
 
 
 def dp_change_supported(saved: dict, current: dict) -> bool:

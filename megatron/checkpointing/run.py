@@ -30,6 +30,8 @@ class RunDescription:
     optimizer_state: tuple[str, ...]
     config: dict = field(default_factory=dict, repr=False)  # the resolved config (manifest)
     config_yaml: str = field(default="", repr=False)  # config.yml beside the checkpoint
+    # bf16/fp16 products on CPU tensors, fp32 or native (mpu/products.py), where the run has any
+    cpu_products: str | None = None
 
     @classmethod
     def from_args(cls, args, optimizer_state: tuple[str, ...]) -> "RunDescription":

@@ -98,6 +98,8 @@ def load_inference_model(args, tokenizer, tp, device: torch.device
                          ) -> tuple[InferenceModel, str, int | None]:
     """(model, checkpoint directory, iteration) for `args` on this rank's tensor-parallel view."""
     from megatron.model.config import model_config_from_args
+    from megatron.mpu.products import describe as describe_products
+    from megatron.mpu.products import resolve as resolve_products
     from megatron.neox_arguments.derived import round_up
     from megatron.checkpointing.model_shape import check_architecture
     from megatron.checkpointing.reader import read_checkpoint, resize_vocab
@@ -115,6 +117,11 @@ def load_inference_model(args, tokenizer, tp, device: torch.device
     config = dataclasses.replace(model_config_from_args(args, vocab), padded_vocab_size=vocab)
     check_architecture(config, saved_config, ck.step_dir)
     dtype = inference_dtype(args.derived.precision, device)
+    precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+    products, why = resolve_products(config.cpu_matmul_precision, precision, device.type)
+    if why:
+        log.info("%s", describe_products(products, why))
+    config = dataclasses.replace(config, cpu_matmul_precision=products)
     weights = resize_vocab(ck.canonical, config.num_layers, vocab)
     model = InferenceModel.from_canonical(config, weights, tp, device, dtype, token_limit=limit,
                                           trained_vocab=trained)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from megatron.checkpointing.run import RunDescription
@@ -25,6 +25,7 @@ from megatron.mpu.groups import ProcessGroups, TensorParallel
 from megatron.mpu.initialize import disable_deepspeed_shm_allreduce
 from megatron.mpu.layers import sync_sequence_parallel_grads
 from megatron.mpu.products import describe as describe_products
+from megatron.mpu.products import resolve as resolve_products
 from megatron.mpu.topology import Topology
 from megatron.training import expert_parallel
 from megatron.training.fp32_params import fp32_through_engine_cast
@@ -48,6 +49,7 @@ class Engine:
     groups: ProcessGroups
     tp: TensorParallel
     run: RunDescription  # what checkpoint save / load know of the run
+    model_config: ModelConfig  # as the model was built (cpu_matmul_precision: auto resolved)
     objective: Objective = None  # train_impl's loss and metrics (megatron.training.objectives)
     # the fp16 loss scale DeepSpeed leaves for us to apply (see `unapplied_loss_scale`)
     loss_scale: Callable[[], float] | None = None
@@ -91,8 +93,15 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
     for line in fusion_paths(args.model):
         log.info("%s", line)
     device = get_accelerator().device_name()
+    ck = args.checkpoint
+    products, why = resolve_products(
+        model_config.cpu_matmul_precision, args.derived.precision, device,
+        lambda: None if ck.finetune else recorded_products(ck.load, ck.iteration))
+    model_config = replace(model_config, cpu_matmul_precision=products)
+    cpu_products = None
     if args.derived.precision != "fp32" and device == "cpu":
-        log.info("%s", describe_products(model_config.cpu_matmul_precision))
+        log.info("%s", describe_products(products, why))
+        cpu_products = products
     if model_config.moe_num_experts > 1:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.derived.precision,
                                                                     torch.float32)
@@ -153,7 +162,22 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
         engine.set_has_attention_mask(True)
         engine.module.loss_fn.loss_scale = loss_scale
     return Engine(engine=engine, is_pipeline=is_pipeline, groups=groups, tp=tp,
-                  run=checkpoint_run(args), objective=objective, loss_scale=loss_scale)
+                  run=replace(checkpoint_run(args), cpu_products=cpu_products),
+                  model_config=model_config, objective=objective, loss_scale=loss_scale)
+
+
+def recorded_products(load: str | None, iteration: int | None) -> tuple[str, str] | None:
+    """(setting, why) of the bf16/fp16 CPU products the checkpoint a run loads first was
+    trained with (its manifest's cpu_matmul_precision), which `auto` keeps; None without one."""
+    from pathlib import Path
+
+    from megatron.checkpointing.locate import planned_manifest
+
+    manifest = planned_manifest(Path(load), iteration) if load else None
+    setting = manifest.run.get("cpu_matmul_precision") if manifest else None
+    if setting not in ("fp32", "native"):
+        return None
+    return setting, f"as {Path(load) / manifest.tag} was trained, so that the run continues it"
 
 
 def unapplied_loss_scale(optimizer) -> Callable[[], float] | None:

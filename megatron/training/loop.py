@@ -118,7 +118,7 @@ def setup_engine(args):
     model_config = model_config_from_args(args, vocab)
     timeout = collective_timeout(args.launcher.distributed_timeout_minutes)
     engine = build_engine(args, model_config, ProcessGroups.build(topology, timeout))
-    return engine, topology, tokenizer, model_config
+    return engine, topology, tokenizer, engine.model_config
 
 
 def _model_vocab(args, tokenizer) -> int:

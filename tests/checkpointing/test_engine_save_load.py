@@ -67,7 +67,8 @@ def _continuation(directory: Path, **overrides) -> dict:
             # (DeepSpeed copies its zero_to_fp32.py scripts beside bf16 / ZeRO checkpoints)
             "listing": sorted(p.name for p in root.iterdir() if p.suffix != ".py"),
             "latest": (root / "latest").read_text(),
-            "manifest": (root / "global_step3" / "manifest.json").read_text()}
+            "manifest": (root / "global_step3" / "manifest.json").read_text(),
+            "products": [e.model_config.cpu_matmul_precision for e in (first, second)]}
 
 
 def _options(directory: Path) -> dict:
@@ -312,6 +313,11 @@ def test_a_loaded_engine_continues_exactly_like_the_one_that_saved(outcomes, pre
     assert out["same_losses"] and out["same_weights"], "training after the load diverged"
     assert out["lr_steps"] == 5
     assert out["listing"] == ["global_step3", "latest"] and out["latest"] == "global_step3"
+    if precision == "bf16":  # cpu_matmul_precision: auto, timed by the first engine, is kept
+        import json
+
+        recorded = json.loads(out["manifest"])["run"]["cpu_matmul_precision"]
+        assert recorded in ("fp32", "native") and out["products"] == [recorded, recorded]
 
 
 def test_the_manifest_records_degrees_shape_files_and_client_state(outcomes, tmp_path):

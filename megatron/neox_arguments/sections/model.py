@@ -159,8 +159,10 @@ class ModelArgs:
     cpu_matmul_precision: str = option(
         "auto",
         "bf16/fp16 matrix products on CPU tensors: fp32 multiplies the operands as fp32 and "
-        "rounds the result back (what a bf16 kernel computes, faster on CPUs without AMX), "
-        "native uses torch's low-precision kernels, auto is fp32 unless the CPU has AMX.",
+        "rounds the result back (what a bf16 kernel computes, faster on some CPUs without "
+        "AMX), native uses torch's low-precision kernels, auto times both when the run starts "
+        "and takes the faster (native where the CPU has AMX; a resumed run keeps the "
+        "checkpoint's choice).",
     )
     mamba_selective_scan_fusion: bool = option(
         False,
