@@ -130,6 +130,24 @@ def _compiled_against_eager(rank, world, directory: Path) -> dict:
 # ---- the tests -------------------------------------------------------------------------------
 
 
+def _bf16_loops(rank, world, directory: Path, fused: bool) -> dict:
+    """Three clipped bf16 steps with DeepSpeed's bf16 optimizer, its per-parameter loops fused
+    (megatron/training/bf16_loops.py) or DeepSpeed's own."""
+    import functools
+
+    import megatron.training.engine as engine_module
+    from tests.checkpointing import engines
+
+    if not fused:
+        engine_module.fuse_bf16_loops = lambda optimizer: False
+    args, engine = _build(directory, bf16={"enabled": True}, fp16=None, gradient_clipping=0.01,
+                          hidden_dropout=0.0, attention_dropout=0.0)
+    losses = engines.train(engine, args, 3)
+    optimizer = engine.engine.optimizer
+    return {"losses": losses, "norm": float(optimizer._global_grad_norm),
+            "fused": isinstance(optimizer.update_hp_grads, functools.partial)}
+
+
 def check_fp16_scaler(out: dict, device: str) -> None:
     """What `_fp16_scaler` must find (also run on CPU: tests/training/test_fp16_loss_scale.py)."""
     assert out["device"] == device and out["dtype"] == "torch.float16", out
@@ -170,6 +188,16 @@ def test_a_resumed_run_with_dropout_continues_bit_exactly_on_cuda(tmp_path, pipe
     assert out["device"] == "cuda:0"
     assert out["resumed"] == out["after"]
     assert out["same_weights"]
+
+
+def test_the_bf16_optimizers_fused_loops_follow_deepspeeds_on_cuda(tmp_path):
+    ours = run_distributed(_bf16_loops, 1, tmp_path / "fused", True, join=False)[0]
+    theirs = run_distributed(_bf16_loops, 1, tmp_path / "deepspeed", False, join=False)[0]
+    assert ours["fused"] and not theirs["fused"]
+    # the multi-tensor norm kernel may sum in another order than one kernel per tensor
+    assert ours["norm"] == pytest.approx(theirs["norm"], rel=1e-5)
+    assert ours["norm"] > 0.01  # every step clipped
+    assert ours["losses"] == pytest.approx(theirs["losses"], rel=1e-3)
 
 
 def _qkv(b, h, s, d, dtype=torch.bfloat16):
