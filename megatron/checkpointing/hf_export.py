@@ -16,10 +16,11 @@ Mixtral or Mamba), or in mamba_ssm's format (architecture "mamba_ssm", mamba_ssm
 The weights come from `reader.read_checkpoint`, every file verified first (any tensor/pipeline
 degree, any ZeRO stage); the model and tokenizer come from the run config `args`, whose
 architecture must agree with the checkpoint's own config.yml (for a checkpoint GPT-NeoX wrote,
-the model keys of its saved configs). vocab_size stays the padded
-vocabulary (every row the checkpoint embeds), so the HF logits equal ours column for column;
-the tokenizer never produces the extra ids. Precision "auto" keeps the dtype the checkpoint's weights are stored in (fp32 for fp32
-training, the bf16/fp16 module weights of mixed-precision runs); fp32/bf16/fp16 cast to it.
+the model keys of its saved configs). vocab_size stays the padded vocabulary (every row the
+checkpoint embeds), so the HF logits equal ours column for column; the tokenizer never
+produces the extra ids. Precision "auto" keeps the dtype the checkpoint's weights are stored in
+(fp32 for fp32 training, the bf16/fp16 module weights of mixed-precision runs); fp32/bf16/fp16
+cast to it.
 
 The output directory is checked before any weight is read: never a checkpoint, a save directory
 or the input directory (or inside a checkpoint), and not an existing non-empty directory unless
@@ -188,9 +189,9 @@ def check_output_dir(output_dir: Path, step_dir: Path, input_dir: Path, overwrit
                          f"default is {default_output_dir(step_dir)})")
     if output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:
         raise FileExistsError(f"--output_dir {output_dir} exists and is not empty: pass "
-                              "--overwrite to export into it (the model, weight and tokenizer files "
-                              "of an earlier export there are removed first), or choose a new "
-                              "directory")
+                              "--overwrite to export into it (the model, weight and tokenizer "
+                              "files of an earlier export there are removed first), or choose a "
+                              "new directory")
     check_writable("--output_dir", output_dir)
 
 
