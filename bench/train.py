@@ -1,7 +1,7 @@
 """Training-step throughput: our DeepSpeed step against Hugging Face GPTNeoXForCausalLM trained
 with torch AdamW in a plain loop, same dimensions, batch and dtype, measured in the same run;
 plus MFU against the best matmul peak measured here too (bf16, or fp32 where that is faster:
-CPUs without AMX, where bf16 products run in fp32, megatron/mpu/products.py).
+on CPUs whose bf16 kernels are slower, bf16 products run in fp32, megatron/mpu/products.py).
 
     python bench/train.py                                # tiny and 125M-class, fp32 and bf16
     python bench/train.py --sizes tiny --dtypes bf16 --steps 3

@@ -107,14 +107,14 @@ def test_no_import_cycle_between_subpackages():
 def test_one_module_touches_deepspeed_optimizer_internals():
     """DeepSpeed's private optimizer attributes and optimizer-file keys appear in
     checkpointing/optimizer_layouts.py (what the optimizer files hold) and
-    training/bf16_loops.py (the bf16 optimizer's step) only."""
+    training/optimizer_loops.py (the bf16 and ZeRO 1/2 optimizers' steps) only."""
     internals = ("_hp_mapping", "bf16_groups", "bit16_groups", "fp32_partitioned_groups_flat",
                  "single_partition_of_fp32_groups", "fp32_flat_groups", "base_optimizer_state",
                  "_get_ckpt_name", "_get_zero_ckpt_name", "ds_tensor", "ds_shape",
                  "grad_position", "fp16_groups", "refresh_fp32_params", "dp_process_group",
                  "ds_process_group", "save_zero_checkpoint", "BF16_Optimizer")
     owners = (PACKAGE / "checkpointing" / "optimizer_layouts.py",
-              PACKAGE / "training" / "bf16_loops.py")
+              PACKAGE / "training" / "optimizer_loops.py")
     users = {}
     for path in PACKAGE.rglob("*.py"):
         text = path.read_text(encoding="utf-8")

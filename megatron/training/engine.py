@@ -28,7 +28,7 @@ from megatron.mpu.products import describe as describe_products
 from megatron.mpu.products import resolve as resolve_products
 from megatron.mpu.topology import Topology
 from megatron.training import expert_parallel
-from megatron.training.bf16_loops import fuse as fuse_bf16_loops
+from megatron.training.optimizer_loops import fuse as fuse_optimizer_loops
 from megatron.training.fp32_params import fp32_through_engine_cast
 from megatron.training.learning_rates import AnnealingLR, lr_schedule
 from megatron.training.objectives import Objective, build_objective
@@ -153,7 +153,7 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
             mpu=None if args.parallelism.pipe_parallel_size >= 1 else DeepSpeedMPU(groups),
             dist_init_required=False,
         )
-    fuse_bf16_loops(engine.optimizer)
+    fuse_optimizer_loops(engine.optimizer)
     _record_fp32_grad_norm(engine, tp.ep.group if tp.ep.enabled else None)
     _skip_nonfinite_steps(engine)
     _skip_reduction_over_one_replica(engine)

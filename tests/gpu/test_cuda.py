@@ -130,22 +130,25 @@ def _compiled_against_eager(rank, world, directory: Path) -> dict:
 # ---- the tests -------------------------------------------------------------------------------
 
 
-def _bf16_loops(rank, world, directory: Path, fused: bool) -> dict:
-    """Three clipped bf16 steps with DeepSpeed's bf16 optimizer, its per-parameter loops fused
-    (megatron/training/bf16_loops.py) or DeepSpeed's own."""
+def _optimizer_loops(rank, world, directory: Path, fused: bool, zero: int) -> dict:
+    """Three clipped bf16 steps with DeepSpeed's bf16 (ZeRO 0) or ZeRO 1 optimizer, its
+    per-parameter loops fused (megatron/training/optimizer_loops.py) or DeepSpeed's own."""
     import functools
 
     import megatron.training.engine as engine_module
     from tests.checkpointing import engines
 
     if not fused:
-        engine_module.fuse_bf16_loops = lambda optimizer: False
+        engine_module.fuse_optimizer_loops = lambda optimizer: False
     args, engine = _build(directory, bf16={"enabled": True}, fp16=None, gradient_clipping=0.01,
-                          hidden_dropout=0.0, attention_dropout=0.0)
+                          hidden_dropout=0.0, attention_dropout=0.0,
+                          zero_optimization={"stage": zero})
     losses = engines.train(engine, args, 3)
     optimizer = engine.engine.optimizer
+    hook = (optimizer.update_hp_grads if zero == 0 else
+            optimizer.has_overflow_partitioned_grads_serial)
     return {"losses": losses, "norm": float(optimizer._global_grad_norm),
-            "fused": isinstance(optimizer.update_hp_grads, functools.partial)}
+            "fused": isinstance(hook, functools.partial)}
 
 
 def check_fp16_scaler(out: dict, device: str) -> None:
@@ -190,9 +193,10 @@ def test_a_resumed_run_with_dropout_continues_bit_exactly_on_cuda(tmp_path, pipe
     assert out["same_weights"]
 
 
-def test_the_bf16_optimizers_fused_loops_follow_deepspeeds_on_cuda(tmp_path):
-    ours = run_distributed(_bf16_loops, 1, tmp_path / "fused", True, join=False)[0]
-    theirs = run_distributed(_bf16_loops, 1, tmp_path / "deepspeed", False, join=False)[0]
+@pytest.mark.parametrize("zero", [0, 1])
+def test_the_fused_optimizer_loops_follow_deepspeeds_on_cuda(tmp_path, zero):
+    ours = run_distributed(_optimizer_loops, 1, tmp_path / "fused", True, zero, join=False)[0]
+    theirs = run_distributed(_optimizer_loops, 1, tmp_path / "ds", False, zero, join=False)[0]
     assert ours["fused"] and not theirs["fused"]
     # the multi-tensor norm kernel may sum in another order than one kernel per tensor
     assert ours["norm"] == pytest.approx(theirs["norm"], rel=1e-5)

@@ -20,7 +20,8 @@ from tests.gpu.test_cuda import _fp16_scaler, check_fp16_scaler
 def allow_fp16_on_cpu() -> None:
     """Lift our refusal of fp16 on CPU, and DeepSpeed's where oneDNN has no fp16 kernels
     (CPUs without AVX-512 FP16 or AMX): the step's products run in fp32 there anyway
-    (cpu_matmul_precision auto, megatron/mpu/products.py)."""
+    (cpu_matmul_precision auto times torch's slow fp16 kernel against them,
+    megatron/mpu/products.py)."""
     from deepspeed.accelerator import get_accelerator
 
     import megatron.training.engine as engine
