@@ -36,6 +36,11 @@ import functools
 import torch
 
 _PATCHED = False
+# what the replacements read of each optimizer; another DeepSpeed without them keeps its loops
+BF16_ATTRIBUTES = ("bf16_groups", "fp32_groups_gradients", "fp32_groups_has_gradients",
+                   "immediate_grad_update")
+ZERO_ATTRIBUTES = ("bit16_groups", "averaged_gradients", "model_parallel_rank",
+                   "dp_process_group", "_model_parallel_all_reduce", "device", "cpu_offload")
 
 
 def fuse(optimizer) -> bool:
@@ -44,16 +49,21 @@ def fuse(optimizer) -> bool:
     from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
-    if isinstance(optimizer, BF16_Optimizer):
+    if isinstance(optimizer, BF16_Optimizer) and _has(optimizer, BF16_ATTRIBUTES):
         _patch_norm_and_clip()
         optimizer.update_hp_grads = functools.partial(update_hp_grads, optimizer)
         return True
-    if isinstance(optimizer, DeepSpeedZeroOptimizer) and not optimizer.cpu_offload:
+    if (isinstance(optimizer, DeepSpeedZeroOptimizer) and _has(optimizer, ZERO_ATTRIBUTES)
+            and not optimizer.cpu_offload):
         optimizer.has_overflow_partitioned_grads_serial = functools.partial(
             partitioned_grads_overflow, optimizer)
         optimizer.get_grad_norm_direct = functools.partial(zero_grad_norm, optimizer)
         return True
     return False
+
+
+def _has(optimizer, names: tuple[str, ...]) -> bool:
+    return all(hasattr(optimizer, name) for name in names)
 
 
 @torch.no_grad()
@@ -112,7 +122,7 @@ def update_hp_grads(optimizer, clear_lp_grads: bool = False) -> None:
     `_foreach_add_` per parameter group."""
     if optimizer.immediate_grad_update:
         return
-    if optimizer.autoep_folding_tp_group is not None:  # a correction per gradient first
+    if getattr(optimizer, "autoep_folding_tp_group", None) is not None:  # corrections first
         type(optimizer).update_hp_grads(optimizer, clear_lp_grads)
         return
     for i, group in enumerate(optimizer.bf16_groups):

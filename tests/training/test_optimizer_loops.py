@@ -86,6 +86,7 @@ def runs(request, tmp_path_factory):
             for fused in (False, True)}
 
 
+@pytest.mark.slow  # the runs: ten 2-process launches, about 75 s
 @pytest.mark.parametrize("clipping", sorted(CLIPPING))
 def test_fused_loops_train_bit_for_bit_like_deepspeeds(runs, clipping):
     zero = "zero" in runs[True][0]["layout"]
@@ -104,6 +105,7 @@ def test_fused_loops_train_bit_for_bit_like_deepspeeds(runs, clipping):
         assert runs[True][0][clipping]["norm"][0] > 100 * CLIPPING["clipped"]
 
 
+@pytest.mark.slow
 def test_the_optimizer_step_no_longer_calls_ops_per_parameter(runs):
     for clipping in CLIPPING:
         ours, theirs = runs[True][0][clipping], runs[False][0][clipping]
@@ -116,3 +118,17 @@ def test_the_optimizer_step_no_longer_calls_ops_per_parameter(runs):
         if ours["optimizer"] == "BF16_Optimizer":  # nothing else there loops: a view a
             # parameter is left, and a fixed number of multi-tensor ops
             assert fused <= params + 60, sorted(ours["optimizer_ops"].items())
+
+
+def test_optimizers_without_what_the_fused_loops_read_keep_their_own():
+    from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    from megatron.training.optimizer_loops import fuse
+
+    for kind in (BF16_Optimizer, DeepSpeedZeroOptimizer):
+        bare = kind.__new__(kind)  # e.g. another DeepSpeed release's attributes
+        assert not fuse(bare)
+        assert "update_hp_grads" not in vars(bare) and "get_grad_norm_direct" not in vars(bare)
+    model = torch.nn.Linear(2, 2)
+    assert not fuse(torch.optim.AdamW(model.parameters()))
