@@ -22,8 +22,8 @@ LAYOUTS = {"tp2": {"model_parallel_size": 2}, "pp2": {"pipe_parallel_size": 2},
 CLIPPING = {"clipped": 0.01, "unclipped": 1.0e6}  # every step clips / none does
 
 
-class _Count(torch.utils._python_dispatch.TorchDispatchMode):
-    """The operators called while it is active, by name."""
+class OpCount(torch.utils._python_dispatch.TorchDispatchMode):
+    """The operators called while it is active, by name (bench/optimizer_ops.py uses it too)."""
 
     def __init__(self):
         super().__init__()
@@ -49,7 +49,7 @@ def _train(rank: int, world: int, tmp: str, layout: str, fused: bool) -> dict:
         optimizer = engine.engine.optimizer
         losses = engines.train(engine, args, 3, seed=0)
         norms = [float(optimizer._global_grad_norm)]
-        counter = _Count()
+        counter = OpCount()
         step = optimizer.step
 
         def counted_step(*a, **k):

@@ -1,0 +1,79 @@
+"""Operator calls of a bf16 training step, DeepSpeed's per-parameter optimizer loops against the
+multi-tensor ones of megatron/training/optimizer_loops.py, at ZeRO 0 (DeepSpeed's bf16
+optimizer) and ZeRO 1. A count, not a timing: each call is a kernel launch on a GPU, where a
+small model's step is bound by launching kernels.
+
+    python bench/optimizer_ops.py                     # 125M-shaped: 12 layers x 768, seq 128
+    python bench/optimizer_ops.py --layers 2 --hidden 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _count(rank, world, tmp: str, fused: bool, zero: int, shape: dict) -> tuple[str, int, int]:
+    """(optimizer type, its calls in one step, the whole step's calls) in a worker process."""
+    import megatron.training.engine as engine_module
+    from megatron.training.step import train_step
+    from tests.checkpointing import engines
+    from tests.training.test_optimizer_loops import OpCount
+
+    if not fused:  # DeepSpeed's own loops
+        engine_module.fuse_optimizer_loops = lambda optimizer: False
+    args = engines.make_args(Path(tmp), bf16={"enabled": True}, train_micro_batch_size_per_gpu=1,
+                             zero_optimization={"stage": zero}, **shape)
+    engine = engines.build(args)
+    optimizer = engine.engine.optimizer
+    engines.train(engine, args, 1)
+    inner = OpCount()
+    for name in ("step", "update_hp_grads"):
+        if hasattr(optimizer, name):
+            method = getattr(optimizer, name)
+
+            def counted(*a, _method=method, **k):
+                with inner:
+                    return _method(*a, **k)
+
+            setattr(optimizer, name, counted)
+    whole = OpCount()
+    data = engines.batches(1, args, 0)
+    with whole:
+        train_step(engine, data)
+    return type(optimizer).__name__, sum(inner.ops.values()), sum(whole.ops.values())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--seq", type=int, default=128)
+    args = parser.parse_args()
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from tests.distributed import run_distributed
+
+    shape = dict(num_layers=args.layers, hidden_size=args.hidden,
+                 num_attention_heads=args.heads, seq_length=args.seq,
+                 max_position_embeddings=args.seq)
+    print(f"bf16, {args.layers} layers x {args.hidden}, seq {args.seq}, micro batch 1, one process")
+    print(f"{'ZeRO':>4} {'optimizer':>24} | {'optimizer calls':>23} | {'step calls':>23}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for zero in (0, 1):
+            rows = {fused: run_distributed(_count, 1, str(Path(tmp) / f"{zero}{fused}"), fused,
+                                           zero, shape)[0] for fused in (False, True)}
+            kind = rows[True][0]
+            (_, ds_opt, ds_step), (_, opt, step) = rows[False], rows[True]
+            print(f"{zero:>4} {kind:>24} | {ds_opt:>8,} -> {opt:>6,} {ds_opt / opt:>5.1f}x | "
+                  f"{ds_step:>8,} -> {step:>6,} {ds_step / step:>5.2f}x")
+
+
+if __name__ == "__main__":
+    main()
