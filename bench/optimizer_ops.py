@@ -1,7 +1,8 @@
 """Operator calls of a bf16 training step, DeepSpeed's per-parameter optimizer loops against the
 multi-tensor ones of megatron/training/optimizer_loops.py, at ZeRO 0 (DeepSpeed's bf16
-optimizer) and ZeRO 1. A count, not a timing: each call is a kernel launch on a GPU, where a
-small model's step is bound by launching kernels.
+optimizer) and ZeRO 1. A count, not a timing: each call that computes (not a view: view,
+slice, detach) is a kernel launch on a GPU, where a small model's step is bound by launching
+kernels.
 
     python bench/optimizer_ops.py                     # 125M-shaped: 12 layers x 768, seq 128
     python bench/optimizer_ops.py --layers 2 --hidden 64
@@ -19,8 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def _count(rank, world, tmp: str, fused: bool, zero: int, shape: dict) -> tuple[str, int, int]:
-    """(optimizer type, its calls in one step, the whole step's calls) in a worker process."""
+def _count(rank, world, tmp: str, fused: bool, zero: int, shape: dict) -> tuple:
+    """(optimizer type, its calls in one step and those that compute, the whole step's calls and
+    those that compute) in a worker process."""
     import megatron.training.engine as engine_module
     from megatron.training.step import train_step
     from tests.checkpointing import engines
@@ -47,7 +49,8 @@ def _count(rank, world, tmp: str, fused: bool, zero: int, shape: dict) -> tuple[
     data = engines.batches(1, args, 0)
     with whole:
         train_step(engine, data)
-    return type(optimizer).__name__, sum(inner.ops.values()), sum(whole.ops.values())
+    return (type(optimizer).__name__, sum(inner.ops.values()), inner.computing(),
+            sum(whole.ops.values()), whole.computing())
 
 
 def main() -> None:
@@ -64,15 +67,18 @@ def main() -> None:
                  num_attention_heads=args.heads, seq_length=args.seq,
                  max_position_embeddings=args.seq)
     print(f"bf16, {args.layers} layers x {args.hidden}, seq {args.seq}, micro batch 1, one process")
-    print(f"{'ZeRO':>4} {'optimizer':>24} | {'optimizer calls':>23} | {'step calls':>23}")
+    print("calls: every operator call; computing: those that are not views (view, slice, "
+          "detach, ...),\nthe ones that launch a kernel on a GPU")
+    print(f"{'ZeRO':>4} {'optimizer':>22} | {'optimizer calls':>22} | {'computing':>22} | "
+          f"{'step calls':>22} | {'computing':>22}")
     with tempfile.TemporaryDirectory() as tmp:
         for zero in (0, 1):
             rows = {fused: run_distributed(_count, 1, str(Path(tmp) / f"{zero}{fused}"), fused,
                                            zero, shape)[0] for fused in (False, True)}
             kind = rows[True][0]
-            (_, ds_opt, ds_step), (_, opt, step) = rows[False], rows[True]
-            print(f"{zero:>4} {kind:>24} | {ds_opt:>8,} -> {opt:>6,} {ds_opt / opt:>5.1f}x | "
-                  f"{ds_step:>8,} -> {step:>6,} {ds_step / step:>5.2f}x")
+            cells = [f"{theirs:>6,} -> {ours:>5,} {theirs / ours:>5.1f}x"
+                     for theirs, ours in zip(rows[False][1:], rows[True][1:])]
+            print(f"{zero:>4} {kind:>22} | " + " | ".join(cells))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ on CPUs whose bf16 kernels are slower, bf16 products run in fp32, megatron/mpu/p
 
     python bench/train.py                                # tiny and 125M-class, fp32 and bf16
     python bench/train.py --sizes tiny --dtypes bf16 --steps 3
+    python bench/train.py --sizes 125m --rounds 3        # the median ratio of three rounds
     python bench/train.py --sizes 125m 1-3b --seq 2048 --micro 8 --dtypes bf16   # on a GPU
     python bench/train.py --sizes 125m --seq 2048 --micro 8 --dtypes bf16 fp16 \
         --fusions config on --profile 15                    # with the fusion flags, kernels
@@ -383,6 +384,11 @@ def main(argv=None) -> int:
                         help="after each of our runs, the N operators with the most device time "
                              "in one more step (torch.profiler)")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure each size and dtype this many times, ours and the "
+                             "reference alternating, each in a fresh process, then print the "
+                             "median ratio and its range (one run each can mislead on a shared "
+                             "machine)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--seq", type=int, default=None, help="override the size's seq_length")
     parser.add_argument("--micro", type=int, default=None, help="override the micro batch")
@@ -404,6 +410,8 @@ def main(argv=None) -> int:
                         help="skip the reference where its steps would take longer than this "
                              "at the matmul peak measured for its dtype (default: 30)")
     opts = parser.parse_args(argv)
+    if opts.rounds < 1:
+        parser.error(f"--rounds must be 1 or more, got {opts.rounds}")
     import torch
 
     from megatron.model.config import model_config_from_args
@@ -438,30 +446,66 @@ def main(argv=None) -> int:
             flops = flops_per_token(model_config_from_args(args, vocab)) * micro * seq
             reference_peak = peaks[{"bf16": "bfloat16", "fp16": "float16"}.get(dtype, "float32")]
             reference_minutes = flops * (opts.warmup + opts.steps) / reference_peak / 60
-            runs = []
-            for fusions in opts.fusions:  # each of our runs is reported as soon as it is done
-                runs.append(in_fresh_process("ours", opts, size, dtype, seq, micro, fusions))
-                print(row(size, dtype, fusions, seq, micro, runs[-1], None, peak), flush=True)
-                notes(opts, args, vocab, runs[-1])
-            theirs = None
-            if reference_minutes <= opts.reference_limit:
-                theirs = in_fresh_process("hf", opts, size, dtype, seq, micro, opts.fusions[0])
-                graphs = theirs["graphs"]
-                print("      with the reference" + (f" ({graphs} graph(s) compiled)"
-                                                    if graphs else "") + ":", flush=True)
-                for fusions, mine in zip(opts.fusions, runs):
-                    print(row(size, dtype, fusions, seq, micro, mine, theirs, peak), flush=True)
-                    if device().type == "cpu":
-                        print(f"      page faults per step: ours {mine['faults']:,.0f}, "
-                              f"reference {theirs['faults']:,.0f} (reference allocator: "
-                              f"{opts.reference_allocator})", flush=True)
-            if theirs is None:
-                print(f"      reference not run: its {dtype} products at the {dtype} matmul peak "
-                      f"measured here ({flop_rate(reference_peak)}) need about "
-                      f"{reference_minutes:,.0f} min for {opts.warmup + opts.steps} step"
-                      f"{'s' if opts.warmup + opts.steps != 1 else ''}, over "
-                      f"--reference-limit {opts.reference_limit:g}", flush=True)
+            ratios: dict[str, list[tuple[float, float]]] = {f: [] for f in opts.fusions}
+            for round_ in range(1, opts.rounds + 1):
+                if opts.rounds > 1:
+                    print(f"      round {round_} of {opts.rounds}:", flush=True)
+                pairs = one_round(opts, args, size, dtype, seq, micro, vocab, peak,
+                                  reference_minutes, reference_peak)
+                for fusions, pair in pairs.items():
+                    ratios[fusions].append(pair)
+            if opts.rounds > 1:
+                for fusions, pairs in ratios.items():
+                    print(rounds_line(size, dtype, fusions, pairs), flush=True)
     return 0
+
+
+def one_round(opts, args, size, dtype, seq, micro, vocab, peak, reference_minutes,
+              reference_peak) -> dict[str, tuple[float, float]]:
+    """Our runs (one per fusion choice) then the reference's, each in a fresh process, printed
+    as they finish; fusion choice -> (our seconds, the reference's), for those the reference ran
+    beside."""
+    runs = []
+    for fusions in opts.fusions:  # each of our runs is reported as soon as it is done
+        runs.append(in_fresh_process("ours", opts, size, dtype, seq, micro, fusions))
+        print(row(size, dtype, fusions, seq, micro, runs[-1], None, peak), flush=True)
+        notes(opts, args, vocab, runs[-1])
+    theirs = None
+    if reference_minutes <= opts.reference_limit:
+        theirs = in_fresh_process("hf", opts, size, dtype, seq, micro, opts.fusions[0])
+        graphs = theirs["graphs"]
+        print("      with the reference" + (f" ({graphs} graph(s) compiled)"
+                                            if graphs else "") + ":", flush=True)
+        for fusions, mine in zip(opts.fusions, runs):
+            print(row(size, dtype, fusions, seq, micro, mine, theirs, peak), flush=True)
+            if device().type == "cpu":
+                print(f"      page faults per step: ours {mine['faults']:,.0f}, "
+                      f"reference {theirs['faults']:,.0f} (reference allocator: "
+                      f"{opts.reference_allocator})", flush=True)
+    if theirs is None:
+        print(f"      reference not run: its {dtype} products at the {dtype} matmul peak "
+              f"measured here ({flop_rate(reference_peak)}) need about "
+              f"{reference_minutes:,.0f} min for {opts.warmup + opts.steps} step"
+              f"{'s' if opts.warmup + opts.steps != 1 else ''}, over "
+              f"--reference-limit {opts.reference_limit:g}", flush=True)
+        return {}
+    return {fusions: (mine["seconds"], theirs["seconds"])
+            for fusions, mine in zip(opts.fusions, runs)}
+
+
+def rounds_line(size: str, dtype: str, fusions: str, pairs: list[tuple[float, float]]) -> str:
+    """The rounds summed up: each round's ratio pairs our run with the reference run right
+    after it, so a slow spell of the machine moves both sides of a ratio alike."""
+    if not pairs:
+        return f"      {size} {dtype} {fusions}: no reference ran, no ratio"
+    ratios = sorted(ref / ours for ours, ref in pairs)
+    ours_ms = sorted(ours * 1e3 for ours, _ in pairs)
+    ref_ms = sorted(ref * 1e3 for _, ref in pairs)
+    return (f"      {size} {dtype} {fusions} over {len(pairs)} rounds: ours/HF median "
+            f"{statistics.median(ratios):.2f}x (lowest {ratios[0]:.2f}x, highest "
+            f"{ratios[-1]:.2f}x); ours {statistics.median(ours_ms):.1f} ms "
+            f"({ours_ms[0]:.1f}-{ours_ms[-1]:.1f}), reference {statistics.median(ref_ms):.1f} ms "
+            f"({ref_ms[0]:.1f}-{ref_ms[-1]:.1f})")
 
 
 def row(size, dtype, fusions, seq, micro, mine, theirs, peak) -> str:
