@@ -67,6 +67,22 @@ def test_a_lost_connection_to_another_rank_is_said_in_one_short_line():
     assert describe_error(ValueError("seq_length must be > 0")) == "seq_length must be > 0"
 
 
+def test_a_timed_out_collective_is_said_in_one_line_with_the_seconds_it_waited():
+    from megatron.monitoring.errors import collective_timeout
+
+    gloo = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] "
+                        "Timed out waiting 120000ms for recv operation to complete")
+    nccl = RuntimeError("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL("
+                        "SeqNum=812, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000)"
+                        " ran for 600041 milliseconds before timing out.")
+    assert collective_timeout(gloo) == 120.0 and collective_timeout(nccl) == 600.0
+    assert collective_timeout(ValueError("Timed out after 3 tries")) is None
+    assert describe_error(gloo).startswith(
+        "a collective timed out: this rank waited 120 s (distributed_timeout_minutes) for "
+        "another rank that never joined it; ")
+    assert "raise distributed_timeout_minutes" in describe_error(nccl)
+
+
 def test_a_user_error_is_one_line_and_neox_traceback_shows_where_it_came_from(capsys,
                                                                               monkeypatch):
     def main():

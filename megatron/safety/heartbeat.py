@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,3 +110,43 @@ class PeerReport:
         return [f"alive: {who([r['rank'] for r in members])} at {describe(members[0])} "
                 f"(for up to {max(r['seconds'] for r in members):.1f} s), {where}"
                 for (_, _, where), members in groups.items()]
+
+
+def last_beats(directory: Path, world_size: int, own_rank: int, own_host: str,
+               limit: int = 16) -> list[str]:
+    """Where the other ranks' last heartbeats put them, from one reading (what a rank whose
+    collective timed out can say at once): ranks grouped by iteration, phase and place, with how
+    long ago the files were written where the ranks share this host's clock (another node's
+    file times come from its clock or the file server's, A5)."""
+    beats = read_beats(directory, world_size)
+    missing = [r for r in range(world_size) if r != own_rank and r not in beats]
+    finished = [r for r, b in beats.items() if r != own_rank and b["phase"] == FINISHED]
+    groups: dict[tuple, list[dict]] = {}
+    for rank, record in sorted(beats.items()):
+        if rank != own_rank and record["phase"] != FINISHED:
+            groups.setdefault((record.get("iteration"), record["phase"], record["where"]),
+                              []).append(record)
+    out = []
+    for (_, _, where), members in list(groups.items())[:limit]:
+        ages = [_age(directory, r["rank"]) for r in members if r.get("host") == own_host]
+        written = (f"; written {max(ages):.1f} s ago" if ages and len(ages) == len(members)
+                   and None not in ages else "")
+        longest = max(r["seconds"] for r in members)
+        out.append(f"{who([r['rank'] for r in members])}: {describe(members[0])} for "
+                   f"{'up to ' if len(members) > 1 else ''}{longest:.1f} s, {where}{written}")
+    if len(groups) > limit:
+        rest = [r["rank"] for members in list(groups.values())[limit:] for r in members]
+        out.append(f"elsewhere: {who(rest)}")
+    if missing:
+        out.append(f"no heartbeat in {directory} from {who(missing)} (not started, or on a node "
+                   "that does not share log_dir)")
+    if finished:
+        out.append(f"run ended (finished or failed): {who(finished)}")
+    return out
+
+
+def _age(directory: Path, rank: int) -> float | None:
+    try:
+        return max(0.0, time.time() - beat_path(directory, rank).stat().st_mtime)
+    except OSError:
+        return None

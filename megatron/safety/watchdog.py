@@ -24,8 +24,10 @@ workers. Every rank that is still running reaches its own limit and reports the 
 stopped rank cannot, which is why each healthy rank names it from the heartbeats.
 
 A hang inside one collective is also ended by the process-group timeout
-(distributed_timeout_minutes, applied to every group), with torch's error; the watchdog reports
-it first while its limit is the shorter.
+(distributed_timeout_minutes, applied to every group); the watchdog reports it first while its
+limit is the shorter. Otherwise the rank whose collective timed out prints, before its error,
+where it waited and where the other ranks' last heartbeats put them (`last_beats`: one reading,
+at once), each line starting "collective timeout:".
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ from pathlib import Path
 
 from megatron.exit_codes import TIMED_OUT
 from megatron.monitoring.logger import get_logger
-from megatron.safety.heartbeat import FINISHED, PeerReport, read_beats, write_beat
+from megatron.monitoring.errors import collective_timeout
+from megatron.safety.heartbeat import FINISHED, PeerReport, last_beats, read_beats, write_beat
 
 log = get_logger(__name__)
 
@@ -140,6 +143,7 @@ class Watchdog:
         self._stop, self._expired = threading.Event(), threading.Event()
         self._beats = 0
         self._threads: list[threading.Thread] = []
+        self._failed: _Phase | None = None
 
     @classmethod
     def from_args(cls, args, rank: int, world_size: int) -> "Watchdog | None":
@@ -180,9 +184,12 @@ class Watchdog:
         median = statistics.median(self._steps) if self._steps else None
         current = _Phase(name, iteration, time.monotonic(), self.limits.of(name, median),
                          threading.get_ident())
-        self._current = current
+        self._current, self._failed = current, None
         try:
             yield
+        except BaseException:
+            self._failed = current  # what a report of the error names
+            raise
         finally:
             self._current = None
             self._last = dataclasses.replace(current, name=f"after {name}",
@@ -253,17 +260,37 @@ class Watchdog:
         os._exit(EXIT_CODE)
 
     def _peer_lines(self, current: _Phase) -> list[str]:
-        """What the heartbeats say, read in a helper thread: a hung filesystem must not keep
-        this rank from exiting."""
+        """What the heartbeats say, two readings apart (_observe_peers)."""
+        return self._read_beats_within(lambda: self._observe_peers(current),
+                                       self.report_wait + 30.0)
+
+    def _read_beats_within(self, read, seconds: float) -> list[str]:
+        """`read()`'s lines, run in a helper thread: a hung filesystem must not keep this rank
+        from exiting."""
         if self.heartbeat_dir is None:
             return ["other ranks are not named: heartbeats need log_dir to be set"]
         box: list[list[str]] = []
-        reader = threading.Thread(target=lambda: box.append(self._observe_peers(current)),
-                                  daemon=True)
+        reader = threading.Thread(target=lambda: box.append(read()), daemon=True)
         reader.start()
-        reader.join(self.report_wait + 30.0)
+        reader.join(seconds)
         return box[0] if box else [f"the heartbeat files in {self.heartbeat_dir} could not be "
-                                   "read within 30 s"]
+                                   f"read within {seconds:g} s"]
+
+    def report_collective_timeout(self, err: BaseException, waited: float) -> None:
+        """On stderr, after a collective of this rank timed out: where this rank waited, then
+        where the other ranks' last heartbeats put them, read at once (the rank that never
+        joined is usually the one elsewhere)."""
+        failed = self._failed or self._current or self._last
+        tb = err.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        where = waiting_in(tb.tb_frame if tb is not None else None)
+        lines = [f"rank {self.rank} (host {self.host}, pid {self.pid}) waited {waited:g} s "
+                 f"(distributed_timeout_minutes) at {failed.describe()}, {where}; the "
+                 "other ranks' last heartbeats:"]
+        lines += self._read_beats_within(
+            lambda: last_beats(self.heartbeat_dir, self.world_size, self.rank, self.host), 30.0)
+        _say("".join(f"collective timeout: {line}\n" for line in lines))
 
     def _observe_peers(self, current: _Phase) -> list[str]:
         """Two readings `report_wait` apart: the snapshot taken near the limit (or one now),
@@ -290,24 +317,28 @@ def _say(text: str) -> None:
 _COMM_DIRS = (f"{os.sep}torch{os.sep}distributed{os.sep}", f"{os.sep}deepspeed{os.sep}comm{os.sep}")
 _PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _PACKAGES = f"site-packages{os.sep}"
+_LOADER = os.path.join("torch", "utils", "data", "dataloader.py")
 _STDLIB = sysconfig.get_paths()["stdlib"]
 
 
 def waiting_in(frame) -> str:
     """Where a thread is: 'in torch.distributed.all_reduce, called at deepspeed/runtime/
-    engine.py:2345 (allreduce_bucket)' or 'at threading.py:331 (wait)', then the innermost
-    frame of this project's code when that is another: 'from megatron/training/step.py:57
-    (train_step)'."""
+    engine.py:2345 (allreduce_bucket)', 'in torch's DataLoader (waiting for a batch), called at
+    megatron/training/data.py:45 (<genexpr>)' or 'at threading.py:331 (wait)', then the
+    innermost frame of this project's code when that is another: 'from megatron/training/
+    step.py:57 (train_step)'."""
     if frame is None:
         return "not running Python code"
-    where, collective, inner = None, None, frame
+    where, waits_for, inner = None, None, frame
     while frame is not None:
         path = frame.f_code.co_filename
         if any(d in path for d in _COMM_DIRS):
             if path.endswith("distributed_c10d.py"):
-                collective = frame.f_code.co_name
-        elif collective is not None and where is None:
-            where, inner = f"in torch.distributed.{collective}, called at {_place(frame)}", frame
+                waits_for = f"torch.distributed.{frame.f_code.co_name}"
+        elif path.endswith(_LOADER):
+            waits_for = waits_for or "torch's DataLoader (waiting for a batch)"
+        elif waits_for is not None and where is None:
+            where, inner = f"in {waits_for}, called at {_place(frame)}", frame
         if _PACKAGES not in path and path.startswith(_PROJECT + os.sep):
             break
         frame = frame.f_back
@@ -341,6 +372,11 @@ def running(args, rank: int, world_size: int):
     _ACTIVE.append(dog)
     try:
         yield dog
+    except BaseException as err:
+        waited = collective_timeout(err)
+        if waited is not None:
+            dog.report_collective_timeout(err, waited)
+        raise
     finally:
         _ACTIVE.remove(dog)
         dog.stop()

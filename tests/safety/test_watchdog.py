@@ -99,6 +99,44 @@ def test_a_step_past_its_limit_ends_the_rank_and_names_the_stopped_peer(tmp_path
     assert f"rank 0 exits with code {EXIT_CODE}" in err
 
 
+def test_a_timed_out_collective_names_where_the_other_ranks_were(tmp_path):
+    """Rank 0's all-reduce times out (3 s) while rank 1 waits outside any collective, as a rank
+    whose data loader stalled. Rank 0 says where it waited and where rank 1's last heartbeat put
+    it, then ends as train.py does: the error in one line, exit status 1."""
+    from tests.runs import free_port
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "-m", "tests.safety.timeout_worker"]
+    common = ["2", str(tmp_path), str(free_port()), "3"]
+    procs = [subprocess.Popen([*argv, str(rank), *common], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    try:
+        _, err = procs[0].communicate(timeout=ENDS_WITHIN)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert procs[0].returncode == 1, err
+    host = json.loads((tmp_path / "heartbeats" / "rank00001.json").read_text())["host"]
+    lines = err.splitlines()
+    assert lines[0].startswith(
+        f"collective timeout: rank 0 (host {host}, pid {procs[0].pid}) waited 3 s "
+        "(distributed_timeout_minutes) at iteration 2, phase eval step, in "
+        "torch.distributed.all_reduce, called at tests/safety/timeout_worker.py:"), err
+    assert lines[0].endswith("(main); the other ranks' last heartbeats:"), err
+    assert re.fullmatch(r"collective timeout: rank 1: iteration 2, eval step for \d+\.\d s, at "
+                        r"threading\.py:\d+ \(wait\), from tests/safety/timeout_worker\.py:\d+ "
+                        r"\(stuck_in_loader\); written \d+\.\d s ago", lines[1]), err
+    assert lines[2] == (
+        f"error (rank 0 on {host}): a collective timed out: this rank waited 3 s "
+        "(distributed_timeout_minutes) for another rank that never joined it; the 'collective "
+        "timeout:' lines above say where each rank was (they need log_dir and the hang "
+        "watchdog). If a rank can legitimately take that long (a slow save or data load), raise "
+        "distributed_timeout_minutes"), err
+    assert len(lines) == 3, err  # no traceback, no gloo message
+
+
 def test_a_run_within_its_limits_is_left_alone_and_its_heartbeat_says_where_it_was(tmp_path):
     dog = Watchdog(Limits(step=30.0, step_factor=0.0, checkpoint=None), rank=2, world_size=4,
                    heartbeat_dir=tmp_path)
@@ -150,3 +188,27 @@ def test_forks_beside_the_heartbeats_frame_reads_never_deadlock():
         stuck, done = _forks("600", "raw")
         assert stuck == 1, f"no fork deadlocked in {done} without the guard: the test cannot tell"
     assert _forks("300") == (0, 300)
+
+
+def test_last_heartbeats_group_the_ranks_alike_and_name_missing_and_ended_ones(tmp_path):
+    from megatron.safety.heartbeat import last_beats, write_beat
+
+    def beat(rank, phase, where, host="a", iteration=7, seconds=1.0):
+        write_beat(tmp_path, {"rank": rank, "host": host, "pid": 100 + rank, "phase": phase,
+                              "iteration": iteration, "seconds": seconds, "where": where,
+                              "beat": 1})
+
+    waiting = "in torch.distributed.all_reduce, called at megatron/training/step.py:9 (step)"
+    beat(0, "train step", waiting)  # the reporting rank: left out
+    beat(1, "train step", waiting, host="b", seconds=5.0)
+    beat(2, "train step", waiting, host="b", seconds=6.5)
+    beat(3, "train step", "at dataloader.py:5 (_next_data)", seconds=0.5)
+    beat(5, "run ended", "not running Python code")
+    lines = last_beats(tmp_path, 7, own_rank=0, own_host="a")
+    assert lines[0] == f"ranks 1-2: iteration 7, train step for up to 6.5 s, {waiting}"
+    assert re.fullmatch(r"rank 3: iteration 7, train step for 0\.5 s, at dataloader\.py:5 "
+                        r"\(_next_data\); written \d+\.\d s ago", lines[1])
+    assert lines[2] == (f"no heartbeat in {tmp_path} from ranks 4, 6 (not started, or on a node "
+                        "that does not share log_dir)")
+    assert lines[3] == "run ended (finished or failed): rank 5"
+    assert len(lines) == 4
