@@ -1,6 +1,7 @@
 """Operator calls of a bf16 training step, DeepSpeed's per-parameter optimizer loops against the
 multi-tensor ones of megatron/training/optimizer_loops.py, at ZeRO 0 (DeepSpeed's bf16
-optimizer) and ZeRO 1. A count, not a timing: each call that computes (not a view: view,
+optimizer) and ZeRO 1 on a one-stage pipeline, and on a plain module (pipe_parallel_size 0:
+DeepSpeed's fp16 wrapper, FP16_UnfusedOptimizer, which fp16 runs get on every layout). A count, not a timing: each call that computes (not a view: view,
 slice, detach) is a kernel launch on a GPU, where a small model's step is bound by launching
 kernels.
 
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def _count(rank, world, tmp: str, fused: bool, zero: int, shape: dict) -> tuple:
+def _count(rank, world, tmp: str, fused: bool, zero: int, shape: dict, pipe: int) -> tuple:
     """(optimizer type, its calls in one step and those that compute, the whole step's calls and
     those that compute) in a worker process."""
     import megatron.training.engine as engine_module
@@ -31,7 +32,8 @@ def _count(rank, world, tmp: str, fused: bool, zero: int, shape: dict) -> tuple:
     if not fused:  # DeepSpeed's own loops
         engine_module.fuse_optimizer_loops = lambda optimizer: False
     args = engines.make_args(Path(tmp), bf16={"enabled": True}, train_micro_batch_size_per_gpu=1,
-                             zero_optimization={"stage": zero}, **shape)
+                             zero_optimization={"stage": zero}, pipe_parallel_size=pipe,
+                             **shape)
     engine = engines.build(args)
     optimizer = engine.engine.optimizer
     engines.train(engine, args, 1)
@@ -72,14 +74,16 @@ def main() -> None:
     print(f"{'ZeRO':>4} {'optimizer':>22} | {'optimizer calls':>22} | {'computing':>22} | "
           f"{'step calls':>22} | {'computing':>22}")
     with tempfile.TemporaryDirectory() as tmp:
-        for zero in (0, 1):
-            rows = {fused: run_distributed(_count, 1, str(Path(tmp) / f"{zero}{fused}"), fused,
-                                           zero, shape)[0] for fused in (False, True)}
+        # a one-stage pipeline (GPT-NeoX's default) at ZeRO 0 and 1, and a plain module
+        # (pipe_parallel_size 0), which DeepSpeed gives its fp16 wrapper even for bf16
+        for zero, pipe in ((0, 1), (1, 1), (0, 0)):
+            rows = {fused: run_distributed(_count, 1, str(Path(tmp) / f"{zero}{pipe}{fused}"),
+                                           fused, zero, shape, pipe)[0]
+                    for fused in (False, True)}
             kind = rows[True][0]
             cells = [f"{theirs:>6,} -> {ours:>5,} {theirs / ours:>5.1f}x"
                      for theirs, ours in zip(rows[False][1:], rows[True][1:])]
             print(f"{zero:>4} {kind:>22} | " + " | ".join(cells))
-
 
 if __name__ == "__main__":
     main()

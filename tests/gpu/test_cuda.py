@@ -130,9 +130,10 @@ def _compiled_against_eager(rank, world, directory: Path) -> dict:
 # ---- the tests -------------------------------------------------------------------------------
 
 
-def _optimizer_loops(rank, world, directory: Path, fused: bool, zero: int) -> dict:
-    """Three clipped bf16 steps with DeepSpeed's bf16 (ZeRO 0) or ZeRO 1 optimizer, its
-    per-parameter loops fused (megatron/training/optimizer_loops.py) or DeepSpeed's own."""
+def _optimizer_loops(rank, world, directory: Path, fused: bool, layout: str) -> dict:
+    """Three clipped steps with DeepSpeed's bf16 (ZeRO 0), ZeRO 1 or fp16 optimizer (bf16-zero0,
+    bf16-zero1, fp16-zero0: FP16_UnfusedOptimizer with a torch optimizer), its per-parameter
+    loops fused (megatron/training/optimizer_loops.py) or DeepSpeed's own."""
     import functools
 
     import megatron.training.engine as engine_module
@@ -140,15 +141,19 @@ def _optimizer_loops(rank, world, directory: Path, fused: bool, zero: int) -> di
 
     if not fused:
         engine_module.fuse_optimizer_loops = lambda optimizer: False
-    args, engine = _build(directory, bf16={"enabled": True}, fp16=None, gradient_clipping=0.01,
-                          hidden_dropout=0.0, attention_dropout=0.0,
-                          zero_optimization={"stage": zero})
+    dtype, zero = layout.split("-zero")
+    precision = ({"bf16": {"enabled": True}, "fp16": None} if dtype == "bf16" else
+                 {"bf16": None, "fp16": {"enabled": True, "loss_scale": 0,
+                                         "initial_scale_power": 12}})
+    args, engine = _build(directory, **precision, gradient_clipping=0.01, hidden_dropout=0.0,
+                          attention_dropout=0.0, zero_optimization={"stage": int(zero)})
     losses = engines.train(engine, args, 3)
     optimizer = engine.engine.optimizer
-    hook = (optimizer.update_hp_grads if zero == 0 else
-            optimizer.has_overflow_partitioned_grads_serial)
+    hook = {"bf16-zero0": "update_hp_grads", "bf16-zero1": "has_overflow_partitioned_grads_serial",
+            "fp16-zero0": "unscale_and_clip_grads"}[layout]
     return {"losses": losses, "norm": float(optimizer._global_grad_norm),
-            "fused": isinstance(hook, functools.partial)}
+            "fused": isinstance(getattr(optimizer, hook), functools.partial),
+            "optimizer": type(optimizer).__name__}
 
 
 def check_fp16_scaler(out: dict, device: str) -> None:
@@ -193,11 +198,14 @@ def test_a_resumed_run_with_dropout_continues_bit_exactly_on_cuda(tmp_path, pipe
     assert out["same_weights"]
 
 
-@pytest.mark.parametrize("zero", [0, 1])
-def test_the_fused_optimizer_loops_follow_deepspeeds_on_cuda(tmp_path, zero):
-    ours = run_distributed(_optimizer_loops, 1, tmp_path / "fused", True, zero, join=False)[0]
-    theirs = run_distributed(_optimizer_loops, 1, tmp_path / "ds", False, zero, join=False)[0]
+@pytest.mark.parametrize("layout", ["bf16-zero0", "bf16-zero1", "fp16-zero0"])
+def test_the_fused_optimizer_loops_follow_deepspeeds_on_cuda(tmp_path, layout):
+    ours = run_distributed(_optimizer_loops, 1, tmp_path / "fused", True, layout, join=False)[0]
+    theirs = run_distributed(_optimizer_loops, 1, tmp_path / "ds", False, layout, join=False)[0]
     assert ours["fused"] and not theirs["fused"]
+    assert ours["optimizer"] == theirs["optimizer"] == {
+        "bf16-zero0": "BF16_Optimizer", "bf16-zero1": "DeepSpeedZeroOptimizer",
+        "fp16-zero0": "FP16_UnfusedOptimizer"}[layout]
     # the multi-tensor norm kernel may sum in another order than one kernel per tensor
     assert ours["norm"] == pytest.approx(theirs["norm"], rel=1e-5)
     assert ours["norm"] > 0.01  # every step clipped
