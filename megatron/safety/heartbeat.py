@@ -116,8 +116,9 @@ def last_beats(directory: Path, world_size: int, own_rank: int, own_host: str,
                limit: int = 16) -> list[str]:
     """Where the other ranks' last heartbeats put them, from one reading (what a rank whose
     collective timed out can say at once): ranks grouped by iteration, phase and place, with how
-    long ago the files were written where the ranks share this host's clock (another node's
-    file times come from its clock or the file server's, A5)."""
+    long ago the files were written where the ranks run on this host (another node's file times
+    come from its clock, A5; a network filesystem's from its server's, which may be off by that
+    server's skew)."""
     beats = read_beats(directory, world_size)
     missing = [r for r in range(world_size) if r != own_rank and r not in beats]
     finished = [r for r, b in beats.items() if r != own_rank and b["phase"] == FINISHED]

@@ -375,7 +375,8 @@ def running(args, rank: int, world_size: int):
     except BaseException as err:
         waited = collective_timeout(err)
         if waited is not None:
-            dog.report_collective_timeout(err, waited)
+            with contextlib.suppress(Exception):  # the report must not replace the error
+                dog.report_collective_timeout(err, waited)
         raise
     finally:
         _ACTIVE.remove(dog)
