@@ -95,8 +95,14 @@ def partitioned_grads_overflow(optimizer) -> torch.Tensor:
     grads = [g for g in grads if g.numel()]
     if not grads:
         return torch.zeros([1], dtype=torch.bool, device=device)
-    largest = torch.stack(torch._foreach_norm(grads, float("inf"))).to(device)
-    return largest.isfinite().all().logical_not().reshape(1)
+    return _not_finite(grads).to(device).reshape(1)
+
+
+def _not_finite(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Whether any of `grads` (dense, none empty) holds inf or NaN, as a bool scalar on their
+    device: exactly when the largest magnitude over all of them, one inf-norm, is not finite."""
+    largest = torch.stack(torch._foreach_norm(grads, float("inf"))).max()
+    return largest.isfinite().logical_not()
 
 
 @torch.no_grad()
@@ -220,8 +226,7 @@ def any_inf_or_nan(params) -> bool:
         from deepspeed.runtime.utils import has_inf_or_nan
 
         return any(bool(has_inf_or_nan(g)) for g in grads)
-    largest = torch.stack(torch._foreach_norm(grads, float("inf"), dtype=torch.float32)).max()
-    return not bool(torch.isfinite(largest))
+    return bool(_not_finite(grads))
 
 
 @torch.no_grad()
