@@ -19,8 +19,9 @@ runs wherever the kernel cannot (CPU tensors, or no `triton` installed). Per fla
   torch's generator (the bias is added by the matmul).
 - use_flashattn_swiglu: the Triton SwiGLU kernel, forward and backward.
 
-The softmax cross entropy is blocked on every device (megatron/mpu/cross_entropy.py); no flag
-selects it.
+No flag selects the softmax cross entropy (`cross_entropy`, megatron/mpu/cross_entropy.py): on
+GPU tensors it runs two Triton kernels, one read of the logits each way; elsewhere torch ops on
+blocks of logits. `cross_entropy_path` is the line a GPU run logs about it.
 """
 
 from __future__ import annotations
@@ -72,11 +73,12 @@ def triton_on_cpu():
         _on_cpu = saved
 
 
-def use_triton(x: torch.Tensor) -> bool:
+def use_triton(x: torch.Tensor, compiled: bool = False) -> bool:
     """Whether the Triton kernels run on tensor x: a GPU tensor with `triton` installed (or a CPU
     tensor inside `triton_on_cpu`), outside a region torch.compile traces (torch_compile:
-    inductor fuses those ops itself, megatron/model/compile.py)."""
-    if torch.compiler.is_compiling() or triton_kernels() is None:
+    inductor fuses those ops itself, megatron/model/compile.py) unless `compiled` (a kernel
+    that runs there too, as an operator inductor keeps opaque: the rotary)."""
+    if (torch.compiler.is_compiling() and not compiled) or triton_kernels() is None:
         return False
     return x.is_cuda or (_on_cpu and x.device.type == "cpu")
 
@@ -116,6 +118,26 @@ def _path(flag: str, model) -> str:
             return f"activation is {model.activation}, not swiglu; nothing to fuse"
         return _kernel_path("SwiGLU kernel (forward and backward)", "eager silu(gate) * value")
     raise ValueError(f"{flag!r} is not a fusion flag; valid: {', '.join(FUSION_FLAGS)}")
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, tp, fp32: bool = True
+                  ) -> torch.Tensor:
+    """The per-token vocab-parallel cross entropy (megatron/mpu/cross_entropy.py), through the
+    Triton kernels where they run on `logits`."""
+    from megatron.mpu.cross_entropy import vocab_parallel_cross_entropy
+
+    kernels = triton_kernels() if use_triton(logits) else None
+    return vocab_parallel_cross_entropy(logits, labels, tp, fp32=fp32, kernels=kernels)
+
+
+def cross_entropy_path() -> str:
+    """The start-up line of a GPU run about its cross entropy."""
+    if triton_kernels() is None:
+        return ("cross entropy: torch ops over blocks of logits, since `triton` is not "
+                "installed (pip install triton for the two-kernel path)")
+    return ("cross entropy: the Triton kernels on GPU tensors (each token's logits read once "
+            "in the forward and once in the backward, no fp32 copy); with dpo_fp32 or kto_fp32 "
+            "false, torch ops in the logits' dtype")
 
 
 def fusion_paths(model) -> list[str]:

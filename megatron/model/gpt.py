@@ -15,12 +15,12 @@ from torch import nn
 
 from megatron.model.block import TransformerLayer, TransformerLayerPipe, unpack_mask
 from megatron.model.embedding import EmbeddingPipe, tied_lm_head
+from megatron.model.fusions import cross_entropy
 from megatron.model.init import init_methods, layer_generator
 from megatron.model.mamba import MambaLayer, MambaLayerPipe
 from megatron.model.norms import build_norm
 from megatron.model.recompute import Recompute
 from megatron.model.value_head import ValueHead
-from megatron.mpu.cross_entropy import vocab_parallel_cross_entropy
 from megatron.mpu.groups import NO_TP, TensorParallel
 from megatron.mpu.layers import ColumnParallelLinear, mark_sequence_parallel
 
@@ -80,7 +80,7 @@ def lm_loss(logits: torch.Tensor, targets: tuple[torch.Tensor, torch.Tensor],
     `logits` may be this rank's vocabulary slice; the full logits are never gathered.
     """
     labels, loss_mask = targets  # [b, s], [b, s]
-    losses = vocab_parallel_cross_entropy(logits, labels, tp)  # [b, s]
+    losses = cross_entropy(logits, labels, tp)  # [b, s]
     mask = loss_mask.float()
     return (losses * mask).sum() / mask.sum().clamp(min=1.0)
 

@@ -28,7 +28,7 @@ class RotaryEmbedding(torch.nn.Module):
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotate the first rotary_ndims channels of x [b, heads, s, d]; pass the rest through."""
-        if self.fused and use_triton(x):
+        if self.fused and use_triton(x, compiled=True):  # compiled layers too: see rotary()
             return triton_kernels().rotary(x, cos, sin)
         r = self.rotary_ndims
         x_rot, x_pass = x[..., :r], x[..., r:]

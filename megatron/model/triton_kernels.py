@@ -201,10 +201,41 @@ class _Rotary(torch.autograd.Function):
         return _rotate(dy, cos, sin, 1), None, None
 
 
+# The same kernel as an operator torch.compile keeps opaque: inside a compiled layer inductor
+# would otherwise write its own rotary, fused with the read of the queries out of the QKV
+# output and with the cos/sin tables recomputed per element; on an H200 that kernel took 1.1 ms
+# a layer at 1-3B, several times what the bytes need.
+@torch.library.custom_op("neox::rotary", mutates_args=())
+def _rotary_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: int) -> torch.Tensor:
+    return _rotate(x, cos, sin, sign)
+
+
+@_rotary_op.register_fake
+def _(x, cos, sin, sign):
+    return x.new_empty(x.shape)  # [b, heads, s, d], contiguous as _rotate writes it
+
+
+def _rotary_op_context(ctx, inputs, output):
+    _, cos, sin, sign = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.sign = sign
+
+
+def _rotary_op_backward(ctx, dy):
+    cos, sin = ctx.saved_tensors
+    return _rotary_op(dy, cos, sin, -ctx.sign), None, None, None
+
+
+_rotary_op.register_autograd(_rotary_op_backward, setup_context=_rotary_op_context)
+
+
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate the first r = cos.shape[-1] channels of x [b, heads, s, d] by the angles whose
     cos/sin tables [b, 1, s, r] (both halves equal, as RotaryEmbedding.cos_sin makes them) are
-    given; the other d - r channels pass through."""
+    given; the other d - r channels pass through. Inside torch.compile the kernel runs as the
+    opaque operator `neox::rotary`; eager, through an autograd function (less host time)."""
+    if torch.compiler.is_compiling():
+        return _rotary_op(x, cos, sin, -1)
     return _Rotary.apply(x, cos, sin)
 
 
@@ -391,3 +422,81 @@ def bias_dropout_add(x: torch.Tensor, bias: torch.Tensor | None, residual: torch
                      p: float) -> torch.Tensor:
     """residual + dropout(x + bias, p) in one pass (training only; bias over the last dim)."""
     return _BiasDropoutAdd.apply(x, bias, residual, p)
+
+
+# ---------------------------------------------------------------- softmax cross entropy
+
+# logits each program reads at a time, walking along its token's row; the vocabulary size is a
+# compile-time constant of the kernels (one program per size, as a run has one)
+_VOCAB_BLOCK = 4096
+
+
+@triton.jit
+def _ce_lse(X, LSE, sx, V: tl.constexpr, BLOCK: tl.constexpr):
+    # one token's row per program, read once: a running maximum `top` and the sum of exp(x -
+    # shift), where shift is the maximum so far (0 while it is not finite: an all -inf row
+    # gives -inf, a +inf logit gives +inf, a NaN propagates through the sum)
+    src = X + tl.program_id(0).to(tl.int64) * sx
+    cols = tl.arange(0, BLOCK)
+    top = tl.zeros([], dtype=tl.float32) - float("inf")
+    shift = tl.zeros([], dtype=tl.float32)
+    total = tl.zeros([], dtype=tl.float32)
+    for start in range(0, V, BLOCK):
+        x = tl.load(src + start + cols, mask=start + cols < V, other=float("-inf")).to(tl.float32)
+        top = tl.maximum(top, tl.max(x, axis=0))
+        new_shift = tl.where(tl.abs(top) < float("inf"), top, 0.0)
+        # rescale what was summed under the old shift (nothing summed yet: keep the 0, which an
+        # overflowing factor would turn into NaN)
+        total = tl.where(total > 0.0, total * tl.exp(shift - new_shift), total)
+        total += tl.sum(tl.exp(x - new_shift), axis=0)
+        shift = new_shift
+    tl.store(LSE + tl.program_id(0), tl.log(total) + shift)
+
+
+@triton.jit
+def _ce_grad(X, DX, LSE, SCALE, LABEL, sx, sdx, V: tl.constexpr, BLOCK: tl.constexpr):
+    # scale * (softmax(x) - one-hot(label)) of one token's row, written in DX's dtype; LABEL is
+    # -1 where the label lies in another rank's vocabulary slice
+    row = tl.program_id(0).to(tl.int64)
+    lse = tl.load(LSE + row)
+    scale = tl.load(SCALE + row)
+    label = tl.load(LABEL + row)
+    cols = tl.arange(0, BLOCK)
+    for start in range(0, V, BLOCK):
+        live = start + cols < V
+        x = tl.load(X + row * sx + start + cols, mask=live, other=0.0).to(tl.float32)
+        y = tl.exp(x - lse) * scale
+        y = tl.where(start + cols == label, y - scale, y)
+        tl.store(DX + row * sdx + start + cols, y.to(DX.dtype.element_ty), mask=live)
+
+
+def _vocab_block(vocab: int) -> int:
+    return min(_VOCAB_BLOCK, triton.next_power_of_2(vocab))
+
+
+def logsumexp_rows(flat: torch.Tensor) -> torch.Tensor:
+    """log(sum(exp(row))) in fp32 of each row of `flat` [N, V] (any float dtype, rows of unit
+    stride), each row read once: the forward of megatron/mpu/cross_entropy.py on GPUs."""
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    lse = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
+    if flat.shape[0]:
+        block = _vocab_block(flat.shape[1])
+        _ce_lse[(flat.shape[0],)](flat, lse, flat.stride(0), flat.shape[1], BLOCK=block,
+                                  num_warps=_warps(block))
+    return lse
+
+
+def cross_entropy_grad(flat: torch.Tensor, lse: torch.Tensor, scale: torch.Tensor,
+                       label: torch.Tensor) -> torch.Tensor:
+    """scale * (softmax - one-hot(label)) of each row of `flat` [N, V], from its fp32 `lse` [N],
+    in `flat`'s dtype; `scale` [N] fp32, `label` [N] int64 (-1: no label in this slice)."""
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    out = torch.empty(flat.shape, dtype=flat.dtype, device=flat.device)
+    if flat.shape[0]:
+        block = _vocab_block(flat.shape[1])
+        _ce_grad[(flat.shape[0],)](flat, out, lse, scale.float().contiguous(), label.contiguous(),
+                                   flat.stride(0), out.stride(0), flat.shape[1], BLOCK=block,
+                                   num_warps=_warps(block))
+    return out

@@ -11,7 +11,7 @@ from megatron.model.compile import check_supported as check_compile_supported
 from megatron.model.compile import compile_layers
 from megatron.model.compile import describe as describe_compiled
 from megatron.model.config import ModelConfig
-from megatron.model.fusions import fusion_paths
+from megatron.model.fusions import cross_entropy_path, fusion_paths
 from megatron.model.gpt import GPTModel, build_pipeline_model
 from megatron.model.mamba_paths import describe as describe_mamba
 from megatron.model.moe import describe as describe_moe
@@ -94,6 +94,8 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
     for line in fusion_paths(args.model):
         log.info("%s", line)
     device = get_accelerator().device_name()
+    if device == "cuda":
+        log.info("%s", cross_entropy_path())
     ck = args.checkpoint
     products, why = resolve_products(
         model_config.cpu_matmul_precision, args.derived.precision, device,

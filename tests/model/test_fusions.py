@@ -127,3 +127,13 @@ def test_checkpointing_options_without_checkpoint_activations_each_say_they_chan
                     for key in ("partition_activations", "contiguous_checkpointing",
                                 "checkpoint_in_cpu", "synchronize_each_layer")]
     assert not any(line.startswith("activation checkpointing:") for line in lines)
+
+
+def test_the_cross_entropy_line_of_a_gpu_run_names_its_path(monkeypatch):
+    if fusions.triton_kernels() is not None:
+        assert fusions.cross_entropy_path().startswith(
+            "cross entropy: the Triton kernels on GPU tensors (each token's logits read once")
+    monkeypatch.setattr(fusions, "triton_kernels", lambda: None)
+    assert fusions.cross_entropy_path() == (
+        "cross entropy: torch ops over blocks of logits, since `triton` is not installed (pip "
+        "install triton for the two-kernel path)")

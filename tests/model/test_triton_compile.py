@@ -23,8 +23,10 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 from megatron.model import fusions  # noqa: E402
+from megatron.mpu.groups import NO_TP  # noqa: E402
 
-KERNELS = ("_norm_fwd", "_norm_bwd", "_rotary", "_gated", "_bias_gelu", "_bias_dropout_add")
+KERNELS = ("_norm_fwd", "_norm_bwd", "_rotary", "_gated", "_bias_gelu", "_bias_dropout_add",
+           "_ce_lse", "_ce_grad")
 HOPPER = GPUTarget("cuda", 90, 32)
 ROOT = Path(__file__).resolve().parents[2]
 POINTER = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16",
@@ -93,6 +95,8 @@ def launches_of_every_fused_path(monkeypatch, dtype):
         backward(kernels.bias_gelu(leaf(6, 64), None))
         backward(kernels.bias_dropout_add(leaf(6, 64), leaf(64), leaf(6, 64), 0.1))
         backward(kernels.bias_dropout_add(leaf(6, 64), None, leaf(6, 64), 0.1))
+        labels = torch.randint(0, 5000, (6,), generator=g)
+        backward(fusions.cross_entropy(leaf(6, 5000), labels, NO_TP))
     return launches
 
 
@@ -131,6 +135,6 @@ def test_every_kernel_launch_compiles_for_hopper(monkeypatch, dtype):
     compiled = json.loads(proc.stdout.splitlines()[-1])
     assert all(c["cubin_bytes"] > 0 and c["sm_90"] for c in compiled), compiled
     # forward and backward of every kernel, and the constant variants (norm kind, bias or
-    # not, activation) each compiled as its own program
+    # not, activation, the cross entropy's vocabulary size) each compiled as its own program
     assert {c["kernel"] for c in compiled} == set(KERNELS)
-    assert len(compiled) >= 14, compiled
+    assert len(compiled) >= 16, compiled

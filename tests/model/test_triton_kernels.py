@@ -7,6 +7,7 @@ the same model on the torch paths."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -170,6 +171,121 @@ def test_bias_dropout_add_kernel(kernels, device, dtype):
     again = kernels.bias_dropout_add(x, b, res, p)
     assert torch.equal(again, out)
     assert not torch.equal(kernels.bias_dropout_add(x, b, res, p), out)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", [1000, 4096, 9001])  # under one block, one, three (short last)
+def test_cross_entropy_kernels_equal_the_blocked_torch_ops(device, dtype, vocab):
+    """The cross entropy's Triton forward (one pass per token: running maximum and sum) and
+    backward give the blocked torch code's loss and gradient, also for a masked vocabulary
+    (-inf entries), a token whose logits are all -inf, a +inf logit and a NaN one."""
+    from megatron.mpu.groups import NO_TP
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 9, vocab, generator=g) * 4
+    logits[0, 1, vocab // 2:] = float("-inf")
+    logits[0, 2] = float("-inf")
+    logits[0, 3, 7] = float("inf")
+    logits[0, 4, 5] = float("nan")
+    logits = logits.to(device=device, dtype=dtype)
+    labels = torch.randint(0, vocab, (2, 9), generator=g).to(device)
+    labels[0, 1] = 0  # a label inside the unmasked half
+    weight = torch.rand(2, 9, generator=g).to(device)
+    ordinary = torch.ones(2, 9, dtype=torch.bool)
+    ordinary[0, 2:5] = False
+
+    def run(fused):  # the kernels on `device`; else the blocked torch code on CPU tensors
+        on = device if fused else "cpu"
+        x = logits.to(on).requires_grad_()
+        context = fusions.triton_on_cpu() if fused and on == "cpu" else contextlib.nullcontext()
+        with context:
+            assert fusions.use_triton(x) == fused
+            loss = fusions.cross_entropy(x, labels.to(on), NO_TP)
+            (loss.nan_to_num(0.0, 0.0, 0.0) * weight.to(on)).sum().backward()
+        return loss.detach().cpu(), x.grad.cpu()
+
+    (loss, grad), (want, want_grad) = run(True), run(False)
+    assert loss.dtype == torch.float32 and grad.dtype == dtype
+    torch.testing.assert_close(loss, want, rtol=1e-6, atol=2e-5, equal_nan=True)
+    # all -inf logits: -inf minus the -inf picked; a +inf logit: an infinite log-sum-exp
+    assert math.isnan(loss[0, 2].item()) and math.isnan(loss[0, 4].item())
+    assert loss[0, 3].item() == float("inf")
+    exact = grad.float()[ordinary], want_grad.float()[ordinary]
+    tol = 1e-6 if dtype == torch.float32 else 2.0 ** -7  # bf16: one rounding of |grad| < 1
+    torch.testing.assert_close(*exact, rtol=tol, atol=tol)
+    assert grad[0, 2].isnan().all() and want_grad[0, 2].isnan().all()
+
+
+def test_compiled_code_calls_the_rotary_kernel_as_an_opaque_operator(monkeypatch):
+    """Inside torch.compile (torch_compile: true) rope_fusion's kernel still runs, as the operator
+    neox::rotary that inductor calls rather than rewrites: one graph (fullgraph), the kernel
+    launched once forward and once backward, and the eager torch rotary's values."""
+    kernels = fusions.triton_kernels()
+    calls = []
+
+    def counted(x, cos, sin, sign):
+        calls.append(sign)
+        return rotate(x, cos, sin, sign)
+
+    rotate = kernels._rotate
+    monkeypatch.setattr(kernels, "_rotate", counted)
+    fused, plain = RotaryEmbedding(16, 10000.0, 64, fused=True), RotaryEmbedding(16, 1e4, 64)
+    positions = torch.arange(7).expand(2, 7)
+
+    def attend(rope, q):
+        cos, sin = rope.cos_sin(positions)
+        return rope.rotate(q, cos, sin) * 3.0
+
+    q = inputs((2, 7, 4, 24), torch.float32, "cpu").detach().transpose(1, 2).requires_grad_()
+    torch._dynamo.reset()
+    with fusions.triton_on_cpu():
+        out, (got,) = grads(torch.compile(lambda q: attend(fused, q), fullgraph=True), [q])
+    assert calls == [-1, 1]  # forward, then backward (the opposite angle)
+    ref, (want,) = grads(lambda q: attend(plain, q), [q])
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+
+
+def _vocab_parallel_kernels(rank, world):
+    """One rank's slice of the vocabulary through the cross entropy's Triton kernels."""
+    import torch.distributed as dist
+
+    from megatron.mpu.groups import TensorParallel
+
+    logits, labels = _tp_logits_and_labels()
+    tp = TensorParallel(group=dist.group.WORLD, rank=rank, size=world)
+    mine = logits.chunk(world, dim=-1)[rank].detach().requires_grad_()
+    with fusions.triton_on_cpu():
+        assert fusions.use_triton(mine)
+        loss = fusions.cross_entropy(mine, labels, tp)
+        (loss * torch.arange(1.0, 1.0 + loss.numel()).view(loss.shape)).sum().backward()
+    return loss.detach(), mine.grad
+
+
+def _tp_logits_and_labels():
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn(3, 4, 2 * 4500, generator=g) * 4).bfloat16()  # two blocks a rank
+    labels = torch.randint(0, 2 * 4500, (3, 4), generator=g)
+    labels[0, :2] = torch.tensor([0, 2 * 4500 - 1])  # the first and last id: rank 0, rank 1
+    return logits, labels
+
+
+def test_the_cross_entropy_kernels_under_tensor_parallelism_equal_torchs():
+    """Two gloo processes, each with half of a bf16 vocabulary: the per-token loss and each
+    rank's slice of the gradient are torch's cross entropy on the whole fp32 logits."""
+    from tests.distributed import run_distributed
+
+    results = run_distributed(_vocab_parallel_kernels, 2)
+    logits, labels = _tp_logits_and_labels()
+    full = logits.float().requires_grad_()
+    want = F.cross_entropy(full.flatten(0, 1), labels.flatten(), reduction="none").view(3, 4)
+    (want * torch.arange(1.0, 13.0).view(3, 4)).sum().backward()
+    for rank, (loss, grad) in enumerate(results):
+        torch.testing.assert_close(loss, want.detach(), rtol=1e-6, atol=2e-5)
+        assert grad.dtype == torch.bfloat16
+        torch.testing.assert_close(grad.float(), full.grad.chunk(2, dim=-1)[rank],
+                                   rtol=2.0 ** -7, atol=2.0 ** -7 * 12)
 
 
 @pytest.mark.parametrize("device", DEVICES)

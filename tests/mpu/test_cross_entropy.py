@@ -105,9 +105,10 @@ class OpCount(TorchDispatchMode):
 def test_a_gpt2_sized_step_dispatches_hundreds_of_ops_off_the_cpu(device, most):
     """16,384 tokens x 50,304 logits (the 125M config at micro batch 8, seq 2048). On a CPU the
     forward's log-sum-exp goes through cache-sized blocks: about 800, some 15,000 ops. Any
-    other device takes the full 2^24-value blocks, about 50 of them; on a GPU each op is a
-    kernel launch, and the small blocks cost more launches than the step's whole model. The
-    meta device stands in for a GPU here: no data, the same ops."""
+    other device takes the full 2^24-value blocks, about 50 of them, where the Triton kernels
+    do not run (a GPU without `triton`, or with fp32 false); on a GPU each op is a kernel
+    launch, and the small blocks would cost more launches than the step's whole model. The
+    meta device stands in for such a GPU here: no data, the same ops."""
     tokens, vocab = 16_384, 50_304
     logits = torch.empty(tokens, vocab, dtype=torch.bfloat16, device=device)
     if device == "cpu":  # the count depends on shapes only; small values keep exp finite

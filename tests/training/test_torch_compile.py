@@ -117,7 +117,7 @@ def test_moe_layers_stay_eager():
     assert describe(2, 2).endswith("; 2 MoE or Mamba layer(s) run eager")
 
 
-def test_layers_of_several_kinds_raise_dynamos_recompile_limit(monkeypatch):
+def test_layers_of_several_kinds_raise_dynamos_recompile_limit():
     """Global, local and flash-windowed layers share one forward function: dynamo may compile
     GRAPHS_PER_KIND graphs for each kind before it would fall back to eager."""
     import torch._dynamo
@@ -126,13 +126,18 @@ def test_layers_of_several_kinds_raise_dynamos_recompile_limit(monkeypatch):
     from megatron.model.config import ModelConfig
     from megatron.model.gpt import GPTModel
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    # saved and set back by hand: monkeypatch's undo deletes the key, which hides it from
+    # dynamo's config, and every later torch.compile in the process then fails
+    saved, torch._dynamo.config.recompile_limit = torch._dynamo.config.recompile_limit, 8
     config = ModelConfig(num_layers=3, hidden_size=32, num_attention_heads=4, num_kv_heads=4,
                          intermediate_size=64, seq_length=8, max_position_embeddings=8,
                          padded_vocab_size=64, attention_types=("global", "local", "flash"),
                          sliding_window_width=3)
-    assert compile_layers(GPTModel(config)) == (3, 0)
-    assert torch._dynamo.config.recompile_limit == 3 * GRAPHS_PER_KIND == 12
+    try:
+        assert compile_layers(GPTModel(config)) == (3, 0)
+        assert torch._dynamo.config.recompile_limit == 3 * GRAPHS_PER_KIND == 12
+    finally:
+        torch._dynamo.config.recompile_limit = saved
 
 
 def test_bf16_and_fp16_without_a_gpu_are_refused_by_name():

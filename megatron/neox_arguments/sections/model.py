@@ -152,8 +152,8 @@ class ModelArgs:
         False,
         "Training: each dense transformer layer runs through torch.compile (inductor), which "
         "fuses its elementwise ops and cuts per-op launch cost; inside those layers inductor's "
-        "kernels replace the fusion flags' Triton kernels (the flags' math, such as "
-        "bias_gelu_fusion's tanh GELU, stays). MoE and Mamba layers, generation and "
+        "kernels replace the fusion flags' Triton kernels, all but rope_fusion's rotary (the "
+        "flags' math, such as bias_gelu_fusion's tanh GELU, stays). MoE and Mamba layers, generation and "
         "evaluation run eager. Not a GPT-NeoX key. See docs/train.md, Compiled layers.",
     )
     cpu_matmul_precision: str = option(

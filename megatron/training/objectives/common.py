@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 
 from megatron.data.masks import get_ltor_masks_and_position_ids, segment_position_ids_and_mask
-from megatron.mpu.cross_entropy import vocab_parallel_cross_entropy
+from megatron.model.fusions import cross_entropy
 from megatron.mpu.groups import NO_TP, TensorParallel
 
 
@@ -82,7 +82,7 @@ def token_logps(logits: torch.Tensor, labels: torch.Tensor, tp: TensorParallel =
                 fp32: bool = True) -> torch.Tensor:
     """log p(label) at every position [b, s], exact over the full vocabulary (the logits may be
     this rank's vocabulary slice)."""
-    return -vocab_parallel_cross_entropy(logits, labels, tp, fp32=fp32).float()
+    return -cross_entropy(logits, labels, tp, fp32=fp32).float()
 
 
 def segment_sums(values: torch.Tensor, weights: torch.Tensor, segments: torch.Tensor

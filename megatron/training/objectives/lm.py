@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from megatron.mpu.cross_entropy import vocab_parallel_cross_entropy
+from megatron.model.fusions import cross_entropy
 from megatron.mpu.groups import NO_TP, TensorParallel
 from megatron.training.objectives.base import Objective
 from megatron.training.objectives.common import BatchOptions, shift
@@ -43,7 +43,7 @@ class LanguageModel(Objective):
 
     def loss(self, logits: torch.Tensor, targets: tuple) -> tuple[torch.Tensor, dict]:
         labels, loss_mask = targets[:2]
-        losses = vocab_parallel_cross_entropy(logits, labels, self.tp)  # [b, s]
+        losses = cross_entropy(logits, labels, self.tp)  # [b, s]
         mask = loss_mask.float()
         supervised = mask.sum()
         loss = (losses * mask).sum() / supervised.clamp(min=1.0)
