@@ -73,6 +73,22 @@ def test_no_fp32_tensor_of_the_whole_vocabulary_is_made_from_bf16_logits():
     assert plain.largest == B * S * V
 
 
+def test_on_a_cpu_forward_and_backward_work_in_cache_sized_blocks():
+    """CPU tensors take blocks of LSE_BLOCK_ELEMENTS (4 MiB of fp32) both ways, whatever the
+    block asked for: a 64-token x 50,304 bf16 step makes no fp32 tensor larger (the default
+    2^24-value blocks would make one of all 3.2M)."""
+    from megatron.mpu.cross_entropy import LSE_BLOCK_ELEMENTS
+
+    logits = torch.randn(64, 50_304, generator=torch.Generator().manual_seed(0))
+    logits = logits.bfloat16().requires_grad_()
+    labels = torch.randint(0, 50_304, (64,), generator=torch.Generator().manual_seed(1))
+    with LargestFloat32() as seen:
+        loss = vocab_parallel_cross_entropy(logits, labels, NO_TP)
+        loss.sum().backward()
+    assert seen.largest == (LSE_BLOCK_ELEMENTS // 50_304) * 50_304  # 20 tokens a block
+    torch.testing.assert_close(loss, F.cross_entropy(logits.float(), labels, reduction="none"))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_blocked_log_sum_exp_equals_torchs_with_masked_and_infinite_rows(dtype):
     """The forward's own log-sum-exp (small blocks through one buffer): torch.logsumexp's value
