@@ -7,7 +7,9 @@ docstrings of its public classes, their methods, and its public functions, sorte
 Identical docstrings appear once; docstrings shorter than `MIN_DOC_CHARS` are merged with their
 neighbours from the same module, and a short remainder at a module's end is dropped. Modules
 that fail to import are skipped. The result is deterministic for a given Python version
-(about 1.6 MB, 2,300 documents, on CPython 3.11).
+(about 1.6 MB, 2,300 documents, on CPython 3.11): the documents are read in a fresh
+interpreter, since what a process has imported can change the standard library's objects
+(transformers adds methods to `logging.Logger`, for one).
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ import importlib
 import inspect
 import json
 import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 from typing import Iterator
 
 from megatron.monitoring.logger import get_logger
@@ -132,13 +137,30 @@ def docstring_documents(modules: tuple[str, ...] = STDLIB_MODULES) -> list[str]:
     return documents
 
 
-def iter_documents() -> Iterator[str]:
-    """Every document of the corpus, in order."""
+def documents_of_this_process() -> list[str]:
+    """The corpus as the standard library's objects in this process give it."""
     seen: set[str] = set()
+    documents = []
     for doc in topic_documents() + docstring_documents():
         if doc not in seen:
             seen.add(doc)
-            yield doc
+            documents.append(doc)
+    return documents
+
+
+def iter_documents() -> Iterator[str]:
+    """Every document of the corpus, in order, read in a fresh interpreter that imports only
+    this module: the same whatever the calling process has imported."""
+    root = Path(__file__).resolve().parents[2]
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
+    code = ("import json, sys; from megatron.data.builtin_corpus import "
+            "documents_of_this_process as d; json.dump(d(), sys.stdout)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": path})
+    if proc.returncode != 0:
+        raise RuntimeError(f"building the built-in corpus failed in {sys.executable}: "
+                           f"{proc.stderr.strip()[-2000:]}")
+    yield from json.loads(proc.stdout)
 
 
 def write_corpus(path: str) -> dict:

@@ -77,6 +77,23 @@ def test_corpus_is_deterministic_and_clean():
         assert unsafe not in builtin_corpus.STDLIB_MODULES
 
 
+def test_the_corpus_does_not_change_with_what_the_caller_imported(monkeypatch):
+    """A library that adds a method to a standard-library class (transformers gives
+    logging.Logger `info_once` and `warning_advice`) changes the docstrings this process sees;
+    the corpus is read in a fresh interpreter, so the documents stay the same."""
+    import logging
+
+    clean = list(builtin_corpus.iter_documents())
+
+    def info_once(self, msg):
+        """Log `msg` once per process: a method a library attached to the class."""
+
+    monkeypatch.setattr(logging.Logger, "info_once", info_once, raising=False)
+    here = builtin_corpus.documents_of_this_process()
+    assert any("a method a library attached" in d for d in here)
+    assert list(builtin_corpus.iter_documents()) == clean
+
+
 def test_enwik8_split_into_pages():
     raw = b"<mediawiki><siteinfo>x</siteinfo>\n  <page>one</page>\n  <page>two</page>\n"
     assert split_enwik8_pages(raw) == ["<mediawiki><siteinfo>x</siteinfo>\n  ",
