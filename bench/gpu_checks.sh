@@ -13,6 +13,8 @@
 #   compiled-SIZE   SIZE (125m, 350m, 1-3b) bf16, ours with the fusion flags and with
 #                   torch_compile too, against HF with torch.compile + fused AdamW, profile
 #   fp16-1-3b       1-3B fp16 (dynamic loss scale) against HF eager with GradScaler
+#   cross-entropy   the cross entropy's Triton kernels against torch's on fp32 logits, 16,384
+#                   tokens x 50,304 (125M at micro batch 8, seq 2048), bf16
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-results}
@@ -65,7 +67,10 @@ for step in "$@"; do
         fp16-1-3b)
             bench 200 --sizes 1-3b --seq 2048 --micro 8 --dtypes fp16 --steps 4 --warmup 3 \
                 --fusions on --reference eager ;;
+        cross-entropy)
+            timeout "$(limit 90)" python3 bench/cross_entropy.py --tokens 16384 \
+                --dtypes bfloat16 2>&1 | tee -a "$OUT/bench.log" ;;
         *) echo "unknown step '$step': tier, bench-125m, compiled-125m, compiled-350m," \
-                "compiled-1-3b, fp16-1-3b"; exit 2 ;;
+                "compiled-1-3b, fp16-1-3b, cross-entropy"; exit 2 ;;
     esac
 done

@@ -54,8 +54,12 @@ def compile_layers(model: nn.Module) -> tuple[int, int]:
     import torch._dynamo
 
     from megatron.model.block import TransformerLayer
+    from megatron.model.fusions import triton_kernels
     from megatron.model.mamba import MambaLayer
 
+    # the kernel module (and the rotary operator it registers) is imported now, eagerly: its
+    # first use is otherwise inside a layer, while dynamo traces it
+    triton_kernels()
     compiled, eager, kinds = 0, 0, set()
     for module in model.modules():
         if isinstance(module, TransformerLayer) and not module.moe:

@@ -103,8 +103,11 @@ def test_compiled_layers_stop_and_resume_continue_the_uninterrupted_run(small_da
     """torch_compile: the compiled layers' dropout masks come from the generator state the
     checkpoint restores, so a resumed run continues the uninterrupted one: to fp32 rounding,
     not bit for bit, since inductor's CPU kernels (OpenMP) may sum in another order in another
-    process (one run of several differed in the seventh digit of its last loss). A mask drawn
-    differently would move the loss by far more."""
+    process (one run of several differed in the seventh digit of its last loss). The saved
+    tensors likewise, relative to each tensor's scale: Adam's normalisation enlarges a
+    round-off difference on a row that saw few tokens (once up to 6.7e-6, in 10 of the 262,144
+    values of a 2048 x 128 vocabulary-sized tensor). A mask drawn differently would move the
+    loss by far more."""
     want_losses, want_root = reference("compiled")
     first = run(small_data, tmp_path, exit_interval=3, torch_compile=True)
     assert first.returncode == 0, explain(first)
@@ -124,7 +127,8 @@ def test_compiled_layers_stop_and_resume_continue_the_uninterrupted_run(small_da
         assert mine.keys() == theirs.keys(), name
         for key, value in theirs.items():
             if value.is_floating_point():
-                torch.testing.assert_close(mine[key], value, rtol=1e-4, atol=1e-6)
+                scale = value.abs().max().item()
+                torch.testing.assert_close(mine[key], value, rtol=1e-4, atol=1e-4 * scale + 1e-6)
             else:
                 assert torch.equal(mine[key], value), (name, key)
 
