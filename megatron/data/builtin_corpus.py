@@ -108,11 +108,13 @@ def _import(name: str):
             return None
 
 
-def docstring_documents(modules: tuple[str, ...] = STDLIB_MODULES) -> list[str]:
-    """Documents from the docstrings of `modules`, short ones merged, duplicates dropped."""
+def docstring_documents(modules: tuple[str, ...] = STDLIB_MODULES,
+                        skipped: list[str] | None = None) -> list[str]:
+    """Documents from the docstrings of `modules`, short ones merged, duplicates dropped.
+    The names of modules that fail to import are appended to `skipped`."""
     seen: set[str] = set()
     documents: list[str] = []
-    skipped = []
+    skipped = [] if skipped is None else skipped
     for module_name in modules:
         module = _import(module_name)
         if module is None:
@@ -131,17 +133,15 @@ def docstring_documents(modules: tuple[str, ...] = STDLIB_MODULES) -> list[str]:
             if sum(len(p) for p in pending) >= MIN_DOC_CHARS:
                 documents.append("\n\n".join(pending))
                 pending = []
-    if skipped:
-        logger.info("built-in corpus: skipped modules that failed to import: %s",
-                    ", ".join(skipped))
     return documents
 
 
-def documents_of_this_process() -> list[str]:
-    """The corpus as the standard library's objects in this process give it."""
+def documents_of_this_process(skipped: list[str] | None = None) -> list[str]:
+    """The corpus as the standard library's objects in this process give it; modules that
+    fail to import are appended to `skipped`."""
     seen: set[str] = set()
     documents = []
-    for doc in topic_documents() + docstring_documents():
+    for doc in topic_documents() + docstring_documents(skipped=skipped):
         if doc not in seen:
             seen.add(doc)
             documents.append(doc)
@@ -154,13 +154,18 @@ def iter_documents() -> Iterator[str]:
     root = Path(__file__).resolve().parents[2]
     path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
     code = ("import json, sys; from megatron.data.builtin_corpus import "
-            "documents_of_this_process as d; json.dump(d(), sys.stdout)")
+            "documents_of_this_process as d; s = []; docs = d(s); "
+            "json.dump({'documents': docs, 'skipped': s}, sys.stdout)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": path})
     if proc.returncode != 0:
         raise RuntimeError(f"building the built-in corpus failed in {sys.executable}: "
                            f"{proc.stderr.strip()[-2000:]}")
-    yield from json.loads(proc.stdout)
+    result = json.loads(proc.stdout)
+    if result["skipped"]:
+        logger.info("built-in corpus: skipped modules that failed to import: %s",
+                    ", ".join(result["skipped"]))
+    yield from result["documents"]
 
 
 def write_corpus(path: str) -> dict:

@@ -19,6 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from megatron.model import cpu_attention
 from megatron.monitoring.logger import get_logger
 
 log = get_logger(__name__)
@@ -26,8 +27,12 @@ _LOGGED: set[str] = set()
 
 
 def sdpa_attention(q, k, v, mask, dropout_p: float, softmax_fp32: bool) -> torch.Tensor:
-    """torch's scaled_dot_product_attention (picks a fused CPU/GPU kernel by itself)."""
+    """torch's scaled_dot_product_attention (picks a fused CPU/GPU kernel by itself), or, for
+    the CPU bf16 calls it is faster at, our blocked kernel (megatron/model/cpu_attention.py)."""
     del softmax_fp32  # SDPA accumulates the softmax in fp32 already
+    if cpu_attention.supports(q, k, mask, dropout_p):
+        _log_once("cpu", cpu_attention.PATH_LINE)
+        return cpu_attention.blocked_causal_attention(q, k, v)
     gqa = k.shape[1] != q.shape[1]
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p,

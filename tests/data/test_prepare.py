@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import zipfile
 
@@ -92,6 +93,20 @@ def test_the_corpus_does_not_change_with_what_the_caller_imported(monkeypatch):
     here = builtin_corpus.documents_of_this_process()
     assert any("a method a library attached" in d for d in here)
     assert list(builtin_corpus.iter_documents()) == clean
+
+
+def test_modules_that_fail_to_import_are_named_in_the_callers_log(tmp_path, monkeypatch, caplog):
+    """The corpus is read in another interpreter; the line naming the standard-library modules
+    it had to leave out still reaches the caller's log, and the rest of the corpus is built."""
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "tabnanny.py").write_text("raise ImportError('broken on purpose')\n")
+    monkeypatch.setenv("PYTHONPATH", str(shadow))
+    with caplog.at_level(logging.INFO, logger="megatron"):
+        documents = list(builtin_corpus.iter_documents())
+    lines = [r.getMessage() for r in caplog.records if "skipped modules" in r.getMessage()]
+    assert lines == ["built-in corpus: skipped modules that failed to import: tabnanny"]
+    assert len(documents) > 100 and not any(d.startswith("tabnanny") for d in documents)
 
 
 def test_enwik8_split_into_pages():
