@@ -77,9 +77,7 @@ def _prefix(x3: torch.Tensor, i1: int) -> torch.Tensor:
 def _probs(q_rows: torch.Tensor, keys: torch.Tensor, i0: int, i1: int, g: int,
            scale: float) -> torch.Tensor:
     """fp32 probabilities [b*kv, g*B, i1] of a query block over the keys up to position i1."""
-    scores = q_rows.new_empty(q_rows.shape[0], q_rows.shape[1], i1)
-    torch.baddbmm(scores, q_rows, keys.transpose(1, 2), beta=0.0, alpha=scale, out=scores)
-    scores = scores.float()  # [b*kv, g*B, i1]
+    scores = _scaled_bmm(q_rows, keys.transpose(1, 2), scale).float()  # [b*kv, g*B, i1]
     n, rows, _ = scores.shape
     diagonal = scores.view(n, g, rows // g, i1)[..., i0:i1]  # [b*kv, g, B, B]
     diagonal.add_(_causal_bias(i1 - i0))
@@ -95,6 +93,7 @@ def _causal_bias(n: int) -> torch.Tensor:
 
 
 def _scaled_bmm(a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
+    """scale * (a @ b), the scale applied inside the product (no pass of its own)."""
     out = a.new_empty(a.shape[0], a.shape[1], b.shape[2])
     return torch.baddbmm(out, a, b, beta=0.0, alpha=scale, out=out)
 
