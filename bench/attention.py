@@ -7,6 +7,8 @@
 Each shape is batch,heads,positions,head_dim. A line per shape and dtype gives the median time of
 each side, the median of the per-repeat ratios SDPA/ours (above 1: ours is faster) with its
 range, and which of the two the model calls for that shape (`cpu_attention.supports`).
+The output goes back to [b, s, h * d] as megatron/model/attention.py reshapes it, so the output
+gradient reaches each kernel in the strided layout it meets in training.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ DEFAULT_SHAPES = ["16,12,128,64", "8,12,256,64", "4,12,512,64", "2,12,768,64",
 
 
 def seconds(fn, q, k, v, grad) -> float:
+    b, h, s, d = q.shape
     start = time.perf_counter()
-    fn(q, k, v).backward(grad)
+    fn(q, k, v).transpose(1, 2).reshape(b, s, h * d).backward(grad)
     return time.perf_counter() - start
 
 
@@ -49,7 +52,7 @@ def main(argv=None) -> int:
         for name in opts.dtypes:
             dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
             q, k, v = (torch.randn(b, h, s, d, dtype=dtype, requires_grad=True) for _ in range(3))
-            grad = torch.randn(b, h, s, d, dtype=dtype)
+            grad = torch.randn(b, s, h * d, dtype=dtype)
             ours_fn = cpu_attention.blocked_causal_attention
             seconds(sdpa, q, k, v, grad), seconds(ours_fn, q, k, v, grad)  # warm-up
             theirs, ours = [], []

@@ -22,10 +22,11 @@ Grouped-query attention (k and v with fewer heads than q) runs without repeating
 
 Where it runs: `supports` says yes for plain causal attention (no mask, no dropout) on CPU bf16
 tensors of up to `MAX_POSITIONS` positions; everything else goes through torch SDPA. Measured
-with `python bench/attention.py` on a 2-core AVX-512 CPU, forward and backward, in two runs:
-bf16 ran at 1.2-2.6x SDPA's speed from 128 to 512 positions, 1.0-1.2x at 768 and 0.8-0.9x from
-1024 on; fp32 at 0.7-1.1x, so fp32 stays with SDPA. The function itself computes fp32 as well
-(the tests check it there against fp64).
+with `python bench/attention.py` on a 2-core AVX-512 CPU, forward and backward, in three runs
+(the last with the output gradient in the layout the model's reshape gives it): bf16 ran at
+1.2-2.6x SDPA's speed from 128 to 512 positions, 1.0-1.3x at 768 and 0.8-0.9x from 1024 on;
+fp32 at 0.7-1.1x, so fp32 stays with SDPA. The function itself computes fp32 as well (the
+tests check it there against fp64).
 """
 
 from __future__ import annotations

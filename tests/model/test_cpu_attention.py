@@ -118,3 +118,22 @@ def test_the_first_use_is_logged_once(monkeypatch, caplog):
         sdpa_attention(q, k, v, None, 0.0, True)
     lines = [r.getMessage() for r in caplog.records if "blocks of" in r.getMessage()]
     assert lines == [cpu_attention.PATH_LINE]
+
+
+def test_the_bench_times_both_kernels_and_names_the_one_the_model_calls(capsys):
+    """`python bench/attention.py` runs both kernels through the model's output reshape and
+    says which one the model uses for each shape and dtype."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "attention.py"
+    spec = importlib.util.spec_from_file_location("bench_attention", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--shapes", "1,2,70,8", "1,2,800,8", "--dtypes", "bf16", "fp32",
+                       "--repeats", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert [line.split(":")[0] for line in lines] == [
+        "b1 h2 s70 d8 bf16", "b1 h2 s70 d8 fp32", "b1 h2 s800 d8 bf16", "b1 h2 s800 d8 fp32"]
+    assert [line.rsplit(" ", 1)[1] for line in lines] == ["ours", "SDPA", "SDPA", "SDPA"]
+    assert all("SDPA/ours" in line for line in lines)
