@@ -19,8 +19,7 @@ softmax, as GPT-NeoX's own (non-flash) attention does with its bf16 `baddbmm`, a
 returns bf16 probabilities, which its gradient is computed from, as GPT-NeoX's fused softmax
 keeps its half-precision output for the backward; SDPA's CPU kernel keeps both in fp32. Taking
 the softmax from and to bf16 saves five conversion passes over each block's scores (forward
-and recomputed backward): 1.04-1.37x faster from 128 to 2048 positions than converting to fp32
-and back.
+and recomputed backward).
 
 Grouped-query attention (k and v with fewer heads than q) runs without repeating k and v: the
 `g` query heads that share a key head are stacked as rows of one product.
@@ -30,9 +29,10 @@ tensors of up to `MAX_POSITIONS` positions; everything else goes through torch S
 with `python bench/attention.py` on a 2-core AVX-512 CPU, forward and backward, in three runs
 (the last with the output gradient in the layout the model's reshape gives it): bf16 ran at
 1.2-2.6x SDPA's speed from 128 to 512 positions, 1.0-1.3x at 768 and 0.8-0.9x from 1024 on;
-fp32 at 0.7-1.1x, so fp32 stays with SDPA. With the bf16 softmax, a fourth: 1.5-1.8x from 128
-to 512, 1.1x at 768, and 0.9-1.2x from 1024 to 2048, too uneven to take those. The function itself computes fp32 as well (the
-tests check it there against fp64).
+fp32 at 0.7-1.1x, so fp32 stays with SDPA. With the bf16 softmax, a fourth run: bf16 at
+1.5-2.0x from 128 to 512 positions, 1.1x at 768 and 1.0-1.1x at 1024 and 2048, where a timing
+of the same kind had given 0.9-1.2x: too close to move the limit. The function itself
+computes fp32 as well (the tests check it there against fp64).
 """
 
 from __future__ import annotations
