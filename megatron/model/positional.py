@@ -30,12 +30,46 @@ class RotaryEmbedding(torch.nn.Module):
         """Rotate the first rotary_ndims channels of x [b, heads, s, d]; pass the rest through."""
         if self.fused and use_triton(x, compiled=True):  # compiled layers too: see rotary()
             return triton_kernels().rotary(x, cos, sin)
-        r = self.rotary_ndims
-        x_rot, x_pass = x[..., :r], x[..., r:]
-        half = r // 2
-        rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
-        x_rot = (x_rot.float() * cos + rotated.float() * sin).to(x.dtype)
-        return torch.cat((x_rot, x_pass), dim=-1) if x_pass.shape[-1] else x_rot
+        if cos.requires_grad or sin.requires_grad:  # tables to learn: let autograd see it all
+            return _turn(x, cos, sin, 1)
+        return _Rotate.apply(x, cos, sin)
+
+
+def _turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: int) -> torch.Tensor:
+    """The first r = cos.shape[-1] channels of x turned by the tables' angles (sign 1) or back
+    (sign -1), computed in fp32 (fp64 for fp64 x) and rounded to x's dtype once; the other
+    channels pass through.
+
+    With halves x1, x2 and c, s the tables: forward y1 = x1 c1 - x2 s1, y2 = x2 c2 + x1 s2; back
+    x1 = y1 c1 + y2 s2, x2 = y2 c2 - y1 s1, the same form with sign -1 and the halves of sin
+    swapped. One conversion to fp32, three fp32 passes (the addcmuls in place) and one
+    conversion back: a third of the passes of the rotate-half expression, and a backward of
+    the same cost rather than autograd's through its cat, slices and conversions."""
+    r = cos.shape[-1]
+    half = r // 2
+    turned = x[..., :r].to(torch.promote_types(x.dtype, torch.float32))
+    y = turned * cos
+    y[..., :half].addcmul_(turned[..., half:], sin[..., :half], value=-sign)
+    y[..., half:].addcmul_(turned[..., :half], sin[..., half:], value=sign)
+    if r == x.shape[-1]:
+        return y.to(x.dtype)
+    return torch.cat((y.to(x.dtype), x[..., r:]), dim=-1)
+
+
+class _Rotate(torch.autograd.Function):
+    """Rotary on constant cos/sin tables; the backward turns the gradient back."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return _turn(x, cos, sin, 1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        half = sin.shape[-1] // 2
+        swapped = torch.cat((sin[..., half:], sin[..., :half]), dim=-1)
+        return _turn(grad, cos, swapped, -1), None, None
 
 
 def sinusoidal_table(max_positions: int, dim: int) -> torch.Tensor:

@@ -126,6 +126,35 @@ def test_rotary_matches_a_direct_complex_rotation():
     assert torch.allclose(out[0, 0, :, 4:], z.imag, atol=1e-5)
 
 
+@pytest.mark.parametrize("rotary_ndims", [8, 4, 6])
+def test_rotary_gradient_is_the_rotation_back_and_rounds_once_in_bf16(rotary_ndims):
+    """The rotation's own backward (the gradient turned back by the same angles) against
+    autograd's numerical gradient in fp64, on the model's strided queries with channels passing
+    through; in bf16 both directions are the fp64 result rounded once."""
+    from megatron.model.positional import RotaryEmbedding
+
+    rope = RotaryEmbedding(rotary_ndims=rotary_ndims, base=10000.0, max_positions=16)
+    cos, sin = rope.cos_sin(torch.arange(6).expand(2, 6))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 6, 3, 8, dtype=torch.float64, generator=g).transpose(1, 2)  # [b, h, s, d]
+    assert torch.autograd.gradcheck(lambda t: rope.rotate(t, cos.double(), sin.double()),
+                                    (x.clone().requires_grad_(),))
+    grad = torch.randn(2, 3, 6, 8, dtype=torch.float64, generator=g)
+    exact = x.clone().requires_grad_()
+    out = rope.rotate(exact, cos.double(), sin.double())
+    out.backward(grad)
+    half = x.bfloat16().requires_grad_()
+    got = rope.rotate(half, cos, sin)
+    got.backward(grad.bfloat16())
+    # the bf16 inputs' own values through the fp64 rotation, rounded once to bf16
+    ref_in = half.detach().double().requires_grad_()
+    ref = rope.rotate(ref_in, cos.double(), sin.double())
+    ref.backward(grad.bfloat16().double())
+    assert torch.equal(got, ref.bfloat16())
+    assert torch.equal(half.grad, ref_in.grad.bfloat16())
+    assert torch.allclose(half.grad.double(), exact.grad, atol=0.05)
+
+
 @pytest.mark.parametrize("name", ["neox", "llama", "alibi_mqa", "sinusoidal_local", "learned_tied"])
 def test_kv_cache_decoding_equals_full_forward(name):
     """Prefill 5 tokens, then feed 1 token at a time through the cache: the logits of every
