@@ -8,7 +8,10 @@ Each shape is batch,heads,positions,head_dim. A line per shape and dtype gives t
 each side, the median of the per-repeat ratios SDPA/ours (above 1: ours is faster) with its
 range, and which of the two the model calls for that shape (`cpu_attention.supports`).
 The output goes back to [b, s, h * d] as megatron/model/attention.py reshapes it, so the output
-gradient reaches each kernel in the strided layout it meets in training.
+gradient reaches each kernel in the strided layout it meets in training. Both run with the
+host-memory setting train.py's CPU workers make (megatron/training/host_memory.py: freed memory
+stays in the heap), as in training; `--allocator default` leaves glibc's defaults, under which
+every large tensor is mapped afresh and its pages faulted in again at each call.
 """
 
 from __future__ import annotations
@@ -37,7 +40,14 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES)
     parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp32"])
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--allocator", choices=["framework", "default"], default="framework",
+                        help="the host-memory setting of train.py's CPU workers (framework) "
+                             "or glibc's defaults")
     opts = parser.parse_args(argv)
+    if opts.allocator == "framework":
+        from megatron.training.host_memory import keep_freed_memory
+
+        keep_freed_memory()
     import torch
     import torch.nn.functional as F
 
@@ -46,7 +56,8 @@ def main(argv=None) -> int:
     def sdpa(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"allocator: {opts.allocator}")
     for shape in opts.shapes:
         b, h, s, d = (int(x) for x in shape.split(","))
         for name in opts.dtypes:

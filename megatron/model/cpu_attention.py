@@ -1,4 +1,5 @@
-"""Causal attention for CPU tensors in query blocks, with a backward that recomputes the softmax.
+"""Causal attention for CPU tensors in query blocks, with a backward that reuses the forward's
+probabilities.
 
 torch SDPA's CPU flash kernel computes plain causal attention at a fraction of the matmul speed
 the same CPU reaches on the products it is made of (its backward above all). This kernel runs the
@@ -10,29 +11,33 @@ and every product is one batched matmul over all heads (oneDNN's kernels):
     probs  = softmax(scores, fp32)    # keys after each query's position masked out first
     out_i  = probs v[:e]
 
-The backward recomputes each block's probabilities instead of keeping them (nothing is saved
-beyond q, k and v, as with SDPA) and accumulates the key and value gradients in fp32.
+The backward takes each block's probabilities as the forward left them and accumulates the key
+and value gradients in fp32. Keeping them costs about s(s + BLOCK)/2 values per sequence and
+head (cpu_attention_blocks.kept_probabilities: 13.5 MiB a layer for 4 x 12 heads of 512
+positions in bf16), a little over half of the [s, s] probabilities GPT-NeoX's unfused attention
+keeps, where SDPA keeps none and recomputes them. Not recomputing them saves a product and a
+softmax per block.
 
 Numerics: the products run in the inputs' dtype (fp32 or bf16) with fp32 accumulation, and the
 softmax and its gradient accumulate in fp32. In bf16 the scores are rounded to bf16 before the
 softmax, as GPT-NeoX's own (non-flash) attention does with its bf16 `baddbmm`, and the softmax
 returns bf16 probabilities, which its gradient is computed from, as GPT-NeoX's fused softmax
 keeps its half-precision output for the backward; SDPA's CPU kernel keeps both in fp32. Taking
-the softmax from and to bf16 saves five conversion passes over each block's scores (forward
-and recomputed backward).
+the softmax from and to bf16 saves conversion passes over each block's scores.
 
 Grouped-query attention (k and v with fewer heads than q) runs without repeating k and v: the
 `g` query heads that share a key head are stacked as rows of one product.
 
 Where it runs: `supports` says yes for plain causal attention (no mask, no dropout) on CPU bf16
 tensors of up to `MAX_POSITIONS` positions; everything else goes through torch SDPA. Measured
-with `python bench/attention.py` on a 2-core AVX-512 CPU, forward and backward, in three runs
-(the last with the output gradient in the layout the model's reshape gives it): bf16 ran at
-1.2-2.6x SDPA's speed from 128 to 512 positions, 1.0-1.3x at 768 and 0.8-0.9x from 1024 on;
-fp32 at 0.7-1.1x, so fp32 stays with SDPA. With the bf16 softmax, a fourth run: bf16 at
-1.5-2.0x from 128 to 512 positions, 1.1x at 768 and 1.0-1.1x at 1024 and 2048, where a timing
-of the same kind had given 0.9-1.2x: too close to move the limit. The function itself
-computes fp32 as well (the tests check it there against fp64).
+with `python bench/attention.py --dtypes bf16` on a 2-core AVX-512 CPU, forward and backward,
+with the host-memory setting of training (the bench's default), SDPA/ours: 2.5x at 128
+positions, 2.0x at 256 and 512, 1.5x at 768; 1.4x at 1024 and 1.1-1.2x at 2048, where the
+probabilities kept would grow with s^2 (2.3 GiB over the 12 layers of a 125M model for 4
+sequences of 2048), so longer sequences stay with SDPA. A run just before, of the kernel that
+recomputed its probabilities: 2.3x, 1.7x, 1.8x and 1.2x from 128 to 768 positions. fp32 ran
+at 0.7-1.1x SDPA's speed in earlier runs and stays with SDPA; the function itself computes fp32
+as well (the tests check it there against fp64).
 """
 
 from __future__ import annotations
@@ -41,8 +46,8 @@ import functools
 
 import torch
 
-BLOCK = 64  # queries per block: the fastest of 32-256 on a 2-core AVX-512 CPU
-MAX_POSITIONS = 768  # longer sequences run faster through torch SDPA (measured, see above)
+from megatron.model.cpu_attention_blocks import BLOCK, MAX_POSITIONS
+
 PATH_LINE = (f"attention on CPU tensors: plain causal bf16 attention of up to {MAX_POSITIONS} "
              f"positions runs in blocks of {BLOCK} queries (megatron/model/cpu_attention.py); "
              "other attention through torch SDPA")
@@ -114,17 +119,19 @@ class _BlockedCausalAttention(torch.autograd.Function):
         g, scale = h // kv, d ** -0.5
         q5, k3, v3 = _grouped(q, kv), k.reshape(b * kv, s, d), v.reshape(b * kv, s, d)
         out = torch.empty_like(q5)  # [b*kv, g, s, d]
+        blocks = []  # each block's probabilities, for the backward
         for i0 in range(0, s, BLOCK):
             i1 = min(i0 + BLOCK, s)
             probs = _probs(_rows(q5, i0, i1), _prefix(k3, i1), i0, i1, g, scale)
+            blocks.append(probs)
             block = torch.bmm(probs, _prefix(v3, i1))  # [b*kv, g*B, d]
             out[:, :, i0:i1] = block.view(b * kv, g, i1 - i0, d)
-        ctx.save_for_backward(q, k, v)
+        ctx.save_for_backward(q, k, v, *blocks)
         return out.view(b, h, s, d)
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v = ctx.saved_tensors
+        q, k, v, *blocks = ctx.saved_tensors
         b, h, s, d = q.shape
         kv = k.shape[1]
         g, scale = h // kv, d ** -0.5
@@ -133,11 +140,10 @@ class _BlockedCausalAttention(torch.autograd.Function):
         dq = torch.empty_like(q5)
         dk = torch.zeros(b * kv, s, d, dtype=torch.float32)
         dv = torch.zeros(b * kv, s, d, dtype=torch.float32)
-        for i0 in range(0, s, BLOCK):
+        for i0, probs in zip(range(0, s, BLOCK), blocks):  # probs: [b*kv, g*B, i1]
             i1 = min(i0 + BLOCK, s)
             keys, values = _prefix(k3, i1), _prefix(v3, i1)
             q_rows, g_rows = _rows(q5, i0, i1), _rows(g5, i0, i1)  # [b*kv, g*B, d]
-            probs = _probs(q_rows, keys, i0, i1, g, scale)  # [b*kv, g*B, i1]
             dv[:, :i1] += torch.bmm(probs.transpose(1, 2), g_rows).float()
             dprobs = torch.bmm(g_rows, values.transpose(1, 2))
             dscores = torch._softmax_backward_data(dprobs, probs, -1, q.dtype)

@@ -31,11 +31,13 @@ the data-parallel degree and b the bytes of the run's dtype (fp32 4, bf16/fp16 2
                        [b, heads/tp, s, s] are stored only when the math kernel runs: on CPU,
                        torch SDPA uses its fused kernel unless attention_dropout > 0 and then
                        materialises fp32 scores (softmax output, dropout output: 8 bytes + a
-                       1-byte mask per score); on CUDA the fused kernels keep a [b, heads, s]
-                       fp32 log-sum-exp instead. With checkpoint_activations a layer keeps only
-                       its input (sbh) and one layer at a time is recomputed. The first
-                       pipeline stage holds min(pp, gradient_accumulation_steps) micro-batches
-                       in flight (1F1B), stage k min(pp - k, gas).
+                       1-byte mask per score); the blocked CPU kernel for bf16 keeps the
+                       causal blocks of its probabilities (about s(s + 64)/2 per head,
+                       `blocked_cpu_attention`); on CUDA the fused kernels keep a
+                       [b, heads, s] fp32 log-sum-exp instead. With checkpoint_activations a
+                       layer keeps only its input (sbh) and one layer at a time is recomputed.
+                       The first pipeline stage holds min(pp, gradient_accumulation_steps)
+                       micro-batches in flight (1F1B), stage k min(pp - k, gas).
 - backward working set  one layer's activations again: the gradients its backward allocates.
 - reference model    DPO / KTO, on the last stage: the whole model's weights on the tensor rank
                      in the dtype, and the fp32 logits of its forward pass.
@@ -60,7 +62,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron.host import available_cpus
-from megatron.model.config import GATED
+from megatron.model.config import GATED, attention_window
+from megatron.model.cpu_attention_blocks import MAX_POSITIONS, kept_probabilities
 from megatron.model.param_count import (expert_params_per_rank, kv_cache_elements,
                                         params_per_rank, stage_layers)
 from megatron.mpu.blocks import BLOCK_ELEMENTS
@@ -257,6 +260,19 @@ def cpu_fp32_products(config, e: int, device: str) -> bool:
     return device == "cpu" and e < 4 and config.fp32_products
 
 
+def blocked_cpu_attention(config, s: int, e: int, device: str) -> bool:
+    """Whether plain causal attention runs through the blocked CPU kernel, which keeps its
+    probabilities (megatron/model/cpu_attention.py `supports`): bf16 products on a CPU, no
+    attention dropout, up to MAX_POSITIONS positions, no ALiBi bias or sliding window. Runs
+    whose documents mask each other (reset_attention_mask) pass a mask and take SDPA instead;
+    the estimate counts the probabilities for them too."""
+    return (device == "cpu" and e == 2 and not cpu_fp32_products(config, e, device)
+            and config.attention_dropout == 0 and s <= MAX_POSITIONS
+            and config.pos_emb != "alibi"
+            and not any(attention_window(config.attention_type(i), config.sliding_window_width)
+                        for i in range(config.num_layers)))
+
+
 def layer_activation_bytes(config, mb: int, s: int, tp: int, sp: bool, e: int,
                            device: str) -> tuple[int, str]:
     """(bytes one transformer layer keeps for backward for one micro-batch, which attention
@@ -278,6 +294,10 @@ def layer_activation_bytes(config, mb: int, s: int, tp: int, sp: bool, e: int,
     if device == "cpu" and config.attention_dropout > 0:
         scores = mb * (heads // tp) * s * s * 9
         note = "math attention (CPU with attention_dropout > 0): fp32 scores stored"
+    elif blocked_cpu_attention(config, s, e, device):
+        scores = mb * (heads // tp) * kept_probabilities(s) * e
+        note = (f"blocked CPU attention (bf16, up to {MAX_POSITIONS} positions): its causal "
+                "blocks of probabilities stored")
     else:
         scores = mb * (heads // tp) * s * 4
         note = "fused attention (torch SDPA flash/efficient kernel): no [s, s] scores stored"

@@ -78,14 +78,24 @@ def test_a_query_never_sees_a_later_key():
     assert not torch.allclose(a[:, :, 71:], b[:, :, 71:])
 
 
-def test_the_backward_keeps_only_q_k_and_v():
-    """Like SDPA's kernels, nothing of size [s, s] is kept for the backward: the
-    probabilities are recomputed block by block."""
-    q, k, v = (torch.randn(2, 4, 256, 16, requires_grad=True) for _ in range(3))
+def test_the_backward_keeps_q_k_v_and_only_the_causal_blocks_of_the_probabilities():
+    """The forward's probabilities are kept for the backward, in its blocks: each block of
+    queries over the keys up to its last position, not the [s, s] matrix that GPT-NeoX's
+    unfused attention keeps (the part above the diagonal blocks is never stored)."""
+    b, h, s, d = 2, 4, 200, 16  # the last block short: 200 = 3 x 64 + 8
+    q, k, v = (torch.randn(b, h, s, d, dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         cpu_attention.blocked_causal_attention(q, k, v)
-    assert sum(t.numel() for t in saved) == 3 * q.numel()
+    from megatron.model.cpu_attention_blocks import kept_probabilities
+
+    ends = [64, 128, 192, 200]  # each block's last key + 1
+    blocks = [b * h * (end - start) * end for start, end in zip([0, 64, 128, 192], ends)]
+    assert [t.numel() for t in saved] == [q.numel()] * 3 + blocks
+    assert sum(blocks) == b * h * kept_probabilities(s)  # what the memory estimate counts
+    assert sum(blocks) < 0.7 * b * h * s * s  # 0.56 of it at 512 positions
+    assert all(t.dtype == torch.bfloat16 for t in saved)
 
 
 def test_sdpa_attention_takes_it_for_plain_causal_cpu_bf16_attention_only():

@@ -154,6 +154,29 @@ def test_checkpointing_keeps_layer_inputs_only():
     assert ckpt.term("activations") == layers * mb * s * h * 4 + per_layer
 
 
+def test_blocked_cpu_attention_adds_the_probabilities_it_keeps():
+    """bf16 products on a CPU run plain causal attention through the blocked kernel, which keeps
+    its causal blocks of bf16 probabilities (the kernel's own test counts the same tensors);
+    fp32 products, ALiBi and attention dropout take SDPA, which keeps none or the full scores."""
+    from megatron.model.cpu_attention_blocks import kept_probabilities
+
+    def activations(*extra):
+        args = load(["configs/tiny.yml"], "bf16={enabled: true}", *extra)
+        return training_estimate(args, 1024, device="cpu").term("activations")
+
+    fp32_products = activations("cpu_matmul_precision=fp32")
+    native = activations("cpu_matmul_precision=native")
+    mb, heads, layers, s = 8, 4, 3, 32
+    lse = mb * heads * s * 4  # what the fused kernels' log-sum-exp is counted as
+    fp32_qkv = mb * s * (2 * 64 + 2 * 64) * 2  # q, k, v and output in fp32 instead of bf16
+    assert native - (fp32_products - layers * fp32_qkv) == layers * (
+        mb * heads * kept_probabilities(s) * 2 - lse)
+    assert kept_probabilities(s) == 32 * 32 and kept_probabilities(512) == 512 * 576 // 2
+    assert activations("cpu_matmul_precision=native", "pos_emb=alibi") < native
+    with_dropout = activations("cpu_matmul_precision=native", "attention_dropout=0.1")
+    assert with_dropout > native  # the math kernel's fp32 [s, s] scores
+
+
 def test_generation_needs_weights_and_the_kv_cache_of_a29():
     args = load(["configs/tiny.yml"], "generation_batch_size=3")
     est = inference_estimate(args, 1024, tp=1, device="cpu", dtype_bytes=4)
