@@ -59,11 +59,20 @@ def _logsumexp(flat: torch.Tensor, dtype: torch.dtype, block_elements: int) -> t
         block = flat[rows]
         if buffer is None:
             buffer = torch.empty(block.shape, dtype=dtype, device=flat.device)
-        top = block.amax(dim=-1, keepdim=True).to(dtype)
-        top = top.masked_fill(~torch.isfinite(top), 0.0)
-        shifted = torch.sub(block, top, out=buffer[:block.shape[0]]).exp_()
-        lse[rows] = shifted.sum(dim=-1).log_().add_(top.squeeze(-1))
+        if block.dtype == dtype:
+            top = _finite(block.amax(dim=-1, keepdim=True))
+            shifted = torch.sub(block, top, out=buffer[:block.shape[0]])
+        else:  # converted first: a subtraction across dtypes takes torch's slower loop
+            shifted = buffer[:block.shape[0]].copy_(block)
+            top = _finite(shifted.amax(dim=-1, keepdim=True))
+            shifted.sub_(top)
+        lse[rows] = shifted.exp_().sum(dim=-1).log_().add_(top.squeeze(-1))
     return lse
+
+
+def _finite(top: torch.Tensor) -> torch.Tensor:
+    """A row's maximum as the shift, 0 where it is not finite (an all -inf row)."""
+    return top.masked_fill(~torch.isfinite(top), 0.0)
 
 
 class _BlockedCrossEntropy(torch.autograd.Function):
