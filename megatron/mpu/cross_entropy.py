@@ -59,10 +59,10 @@ def _logsumexp(flat: torch.Tensor, dtype: torch.dtype, block_elements: int) -> t
         block = flat[rows]
         if buffer is None:
             buffer = torch.empty(block.shape, dtype=dtype, device=flat.device)
-        if block.dtype == dtype:
-            top = _finite(block.amax(dim=-1, keepdim=True))
+        if block.dtype == dtype or not block.is_cpu:  # a GPU subtracts across dtypes in one pass
+            top = _finite(block.amax(dim=-1, keepdim=True).to(dtype))
             shifted = torch.sub(block, top, out=buffer[:block.shape[0]])
-        else:  # converted first: a subtraction across dtypes takes torch's slower loop
+        else:  # a CPU runs that subtraction in a slower loop: convert first
             shifted = buffer[:block.shape[0]].copy_(block)
             top = _finite(shifted.amax(dim=-1, keepdim=True))
             shifted.sub_(top)
