@@ -16,6 +16,16 @@ the data-parallel degree and b the bytes of the run's dtype (fp32 4, bf16/fp16 2
                      optimizers and its ZeRO optimizer keep even for fp32 runs); none for plain
                      fp32 without ZeRO; ZeRO 1-3 divide by d.
 - optimizer states   P * 4 * states (Adam: 2 moments, SGD with momentum: 1); ZeRO 1-3 divide by d.
+- ZeRO gradient buckets  ZeRO 1 and 2 with contiguous_gradients (DeepSpeed's default): the
+                     buffers of reduce_bucket_size elements (default 5e8) DeepSpeed allocates
+                     in every step's backward to copy the gradients into, in the run's dtype
+                     (fp32 where fp16 weights accumulate their gradients in fp32 under ZeRO
+                     1): one, two with overlap_comm; under the pipeline engine two (its own
+                     and the one of the reduction, overlap_comm being off there). On CPU
+                     only the pages the gradients are written to become resident, so each
+                     counts min(reduce_bucket_size, P) elements there. None with bf16 and
+                     data_types.grad_accum_dtype fp32 under ZeRO 1 (DeepSpeed's bf16
+                     optimizer).
 - activations        per micro-batch and transformer layer, in elements of the run's dtype
                      (Korthikanti et al. 2022, "Reducing Activation Recomputation", generalised
                      to GQA, any MLP width and gated activations):
@@ -179,6 +189,7 @@ def _stage_estimate(args, config, layout: Layout, device: str, params: int, bloc
         ("gradients", held(b, 2)),
         ("fp32 master copy", 0 if (precision == "fp32" and z == 0) else held(8, 1)),
         ("optimizer states", held(4 * states, 1)),
+        ("ZeRO gradient buckets", zero_bucket_bytes(args, layout, device, params)),
     ]
     act = Activations.from_args(args, config, layout.tp, device)
     in_flight = 1 if layout.pp <= 1 else min(layout.pp - stage, args.derived.gradient_accumulation_steps)
@@ -188,6 +199,27 @@ def _stage_estimate(args, config, layout: Layout, device: str, params: int, bloc
               ("reference model", reference_bytes(args, config, layout.tp) if last else 0),
               ("framework", framework_bytes(args, device))]
     return MemoryEstimate(tuple(terms), params, layout, stage, act.note)
+
+
+def zero_bucket_bytes(args, layout: Layout, device: str, params: int) -> int:
+    """DeepSpeed's contiguous gradient buckets under ZeRO 1 and 2 (module docstring); counted
+    from DeepSpeed 0.19's stage_1_and_2.py and the buffers its steps allocate on a CPU."""
+    from megatron.neox_arguments.sections.deepspeed import GRAD_ACCUM_DTYPES
+
+    zero, z = args.deepspeed.zero_optimization, layout.zero_stage
+    if z not in (1, 2) or not zero.get("contiguous_gradients", True):
+        return 0
+    precision = args.derived.precision
+    accum = GRAD_ACCUM_DTYPES.get((args.deepspeed.data_types or {}).get("grad_accum_dtype"),
+                                  precision)
+    if z == 1 and precision == "bf16" and accum == "fp32":
+        return 0  # DeepSpeed's bf16 optimizer, which has no such buckets
+    count = 2 if layout.pp >= 1 or zero.get("overlap_comm", False) else 1
+    elements = int(float(zero.get("reduce_bucket_size", 5e8)))
+    if device != "cuda":
+        elements = min(elements, params)
+    accumulates_fp32 = z == 1 and accum == "fp32" and precision != "fp32"
+    return count * elements * (4 if accumulates_fp32 else DTYPE_BYTES[precision])
 
 
 def reference_bytes(args, config, tp: int) -> int:

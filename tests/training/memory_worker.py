@@ -2,11 +2,12 @@
 
     python -m tests.training.memory_worker STEPS CONFIG.yml [more.yml] [key=value ...]
 
-Joins a one-rank gloo group, reads its resident memory (the baseline: Python, torch, DeepSpeed
-and the process group, no model), builds the real DeepSpeed engine of the config and runs STEPS
-training steps on random tokens while a thread samples the resident set size every 2 ms. Prints
-one JSON line: baseline and peak RSS in bytes, the parameters on the rank and the estimate's
-terms for the same config (megatron/training/memory_estimate.py).
+Joins a one-rank gloo group, keeps freed host memory as train.py's CPU workers do
+(megatron/training/host_memory.py), reads its resident memory (the baseline: Python, torch,
+DeepSpeed and the process group, no model), builds the real DeepSpeed engine of the config
+and runs STEPS training steps on random tokens while a thread samples the resident set size
+every 2 ms. Prints one JSON line: baseline and peak RSS in bytes, the parameters on the rank
+and the estimate's terms for the same config (megatron/training/memory_estimate.py).
 """
 
 from __future__ import annotations
@@ -50,11 +51,13 @@ def main(argv=None) -> int:
     from megatron.training.memory_check import padded_vocab
     from megatron.training.memory_estimate import training_estimate
     from megatron.training.batch import BatchOptions, model_inputs
+    from megatron.training.host_memory import keep_freed_memory
     from megatron.training.loop import setup_engine
     from megatron.training.step import train_step
 
     args = NeoXArgs.from_ymls(*split_command_line(rest)).with_world_size(1)
     init_distributed("gloo", 2, args.launcher)
+    keep_freed_memory()  # as pretrain() does on the CPU accelerator
     sampler = PeakSampler()
     baseline = sampler.process.memory_info().rss
     sampler.start()
