@@ -36,7 +36,7 @@ Each side runs in a fresh process: ours set up as a train.py worker sets itself 
 that includes keeping freed host memory, megatron/training/host_memory.py), the reference as a
 plain script runs, with glibc's defaults; `--reference-allocator framework` gives the reference
 the same host-memory setting, to show how much of the difference that setting is. On a CPU a
-line gives each side's page faults per step.
+line gives each side's page faults per timed step (after the warm-up steps).
 
 The reference multiplies in its dtype. On a CPU without bf16 instructions (AVX2 only, for
 one) torch's bf16 matmul can run at well under 1 GFLOP/s, and one bf16 reference step of the
@@ -149,17 +149,19 @@ def batches(vocab: int, micro: int, seq: int):
                (labels, torch.ones(micro, seq, device=device())))
 
 
-def time_steps(step, warmup: int, steps: int) -> float:
+def time_steps(step, warmup: int, steps: int) -> tuple[float, float]:
+    """(median seconds of the timed steps, page faults per timed step: the warm-up steps,
+    which fault in the process's working memory once, are not counted)."""
     for _ in range(warmup):
         step()
-    times = []
+    times, faults = [], page_faults()
     for _ in range(steps):
         sync()
         start = time.perf_counter()
         step()
         sync()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(times), (page_faults() - faults) / steps
 
 
 # DeepSpeed's methods that run each phase of a step: the pipeline engine's instructions, or the
@@ -233,9 +235,7 @@ def bench_ours(args, vocab: int, warmup: int, steps: int, profile: int = 0):
         torch.cuda.reset_peak_memory_stats()
     engine = build_engine(args, config, ProcessGroups.build(Topology(1, 1, 1)))
     data = batches(vocab, args.derived.train_micro_batch_size_per_gpu, args.model.seq_length)
-    faults = page_faults()
-    seconds = time_steps(lambda: train_step(engine, data), warmup, steps)
-    faults = (page_faults() - faults) / (warmup + steps)
+    seconds, faults = time_steps(lambda: train_step(engine, data), warmup, steps)
     phases = PhaseTimer(engine.engine, engine.is_pipeline)
     phases.active = True
     start = time.perf_counter()
@@ -315,9 +315,7 @@ def bench_hf(config, dtype: str, micro: int, warmup: int, steps: int, compiled: 
         scaler.update()
         opt.zero_grad(set_to_none=True)
 
-    faults = page_faults()
-    seconds = time_steps(step, warmup, steps)
-    faults = (page_faults() - faults) / (warmup + steps)
+    seconds, faults = time_steps(step, warmup, steps)
     if not compiled:
         return seconds, faults, None
     from torch._dynamo.utils import counters
@@ -479,7 +477,7 @@ def one_round(opts, args, size, dtype, seq, micro, vocab, peak, reference_minute
         for fusions, mine in zip(opts.fusions, runs):
             print(row(size, dtype, fusions, seq, micro, mine, theirs, peak), flush=True)
             if device().type == "cpu":
-                print(f"      page faults per step: ours {mine['faults']:,.0f}, "
+                print(f"      page faults per timed step: ours {mine['faults']:,.0f}, "
                       f"reference {theirs['faults']:,.0f} (reference allocator: "
                       f"{opts.reference_allocator})", flush=True)
     if theirs is None:
