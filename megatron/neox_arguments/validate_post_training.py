@@ -56,6 +56,13 @@ def _settings_of_other_objectives(c: Config) -> Iterator[str]:
         if c[key] != FIELD_DEFAULTS[key] and c["train_impl"] != owner:
             yield (f"{key}({c[key]}) is read by train_impl {owner} only, and this run's "
                    f"train_impl is {c['train_impl']}: remove it, or set train_impl: {owner}.")
+    impl = c["train_impl"]
+    if c["reference_load"] is not None and not (impl == "kto" or (
+            impl == "dpo" and not c["dpo_reference_free"])):
+        what = "dpo with dpo_reference_free: true" if impl == "dpo" else f"train_impl {impl}"
+        yield (f"reference_load({c['reference_load']}) is read where a reference model is: "
+               f"train_impl dpo (not reference-free) and kto, and this run is {what}: remove "
+               "it.")
 
 
 def _every_split_alike(c: Config) -> Iterator[str]:

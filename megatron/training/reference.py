@@ -7,9 +7,11 @@ scores every batch before the policy does.
 
 Where it comes from: as GPT-NeoX, the checkpoint `load` names when the run starts (a fine-tune
 from it). A run resumed from its own checkpoint reloads that same starting checkpoint, whose
-path and iteration every checkpoint of the run records (`reference` in its client state) - the
-intermediate policy never becomes the reference. Without `load` there is no model to compare
-with, and the run is refused (dpo_reference_free needs none).
+path, iteration and manifest digest every checkpoint of the run records (`reference` in its
+client state) - the intermediate policy never becomes the reference. A reference checkpoint
+that has moved is read from `reference_load` once its iteration and manifest are those
+recorded. Without `load` there is no model to compare with, and the run is refused
+(dpo_reference_free needs none).
 
 The reference is a plain (non-pipelined) model with the run's tensor-parallel split and dtype,
 in eval mode, never stepped. With pipeline stages only the last stage, which computes the loss,
@@ -24,10 +26,11 @@ from pathlib import Path
 import torch
 
 from megatron.monitoring.logger import get_logger
+from megatron.training.reference_source import (SOURCE_KEY, gone_message,  # noqa: F401
+                                                reference_source)
 
 log = get_logger(__name__)
 
-SOURCE_KEY = "reference"  # in a checkpoint's client state: {"path": step dir, "iteration": n}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -47,24 +50,6 @@ class ReferenceModel:
         logits = self.model(*inputs)
         return inputs, objective.with_reference(targets, token_logps(logits, targets[0], self.tp,
                                                                      self.fp32))
-
-
-def reference_source(args, resumed: dict) -> dict:
-    """{"path", "iteration"} of the checkpoint the reference model is read from."""
-    from megatron.checkpointing.load import LOADED_FROM
-
-    saved = resumed.get(SOURCE_KEY)
-    if saved:
-        return dict(saved)
-    loaded = resumed.get(LOADED_FROM)
-    impl = args.training.train_impl
-    if not loaded:
-        from megatron.neox_arguments.validate_post_training import no_reference_message
-
-        raise ValueError(no_reference_message(impl))
-    from megatron.checkpointing.layout import iteration_of
-
-    return {"path": loaded, "iteration": iteration_of(Path(loaded).name)}
 
 
 def build_reference(args, engine, model_config, source: dict) -> ReferenceModel | None:
@@ -87,9 +72,7 @@ def read_reference_weights(args, model_config, source: dict) -> dict:
 
     path = Path(source["path"])
     if not path.is_dir():
-        raise FileNotFoundError(f"the reference model of this run, {path}, is gone (DPO and KTO "
-                                "compare the policy with the checkpoint training started from): "
-                                "restore it at that path")
+        raise FileNotFoundError(gone_message(path))
     ck = read_checkpoint(str(path), None, run_args=args)
     ck.language_model("a reference model")
     check_architecture(model_config, ck.saved_model_config(args, ck.trained_vocab), ck.step_dir)

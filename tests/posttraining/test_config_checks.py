@@ -67,6 +67,11 @@ def refused(**overrides) -> str:
     ({"data_path": None, **{f"{s}_data_paths": [s] for s in ("train", "valid", "test")},
       "valid_reward_data_paths": ["r"]},
      "valid_reward_data_paths are read by train_impl kto only, not normal; remove them"),
+    ({"reference_load": "ckpt/sft"}, "reference_load(ckpt/sft) is read where a reference model "
+     "is: train_impl dpo (not reference-free) and kto, and this run is train_impl normal: "
+     "remove it."),
+    ({**PAIRS, "train_impl": "dpo", "dpo_reference_free": True, "reference_load": "sft"},
+     "and this run is dpo with dpo_reference_free: true: remove it."),
 ])
 def test_the_config_refuses_an_objective_without_its_data(overrides, message):
     assert message in refused(**overrides)

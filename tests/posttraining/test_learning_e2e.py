@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from megatron.training.reference_source import manifest_digest
 from tests.posttraining.runs import greedy_accuracy, posttrain
 from tests.runs import ROOT, deepy, explain
 
@@ -71,15 +72,16 @@ def test_dpo_from_the_sft_model_prefers_the_chosen_style_on_held_out_pairs(chat_
     # the margins grew by keeping the chosen answers, not by unlearning both
     assert greedy_accuracy(run / "ckpt" / "global_step30", chat_files) >= 0.75
     manifest = json.loads((run / "ckpt" / "global_step30" / "manifest.json").read_text())
+    start = (sft_run / "ckpt" / "global_step60").absolute()
     assert manifest["client_state"]["reference"] == {
-        "path": str((sft_run / "ckpt" / "global_step60").absolute()), "iteration": 60}
+        "path": str(start), "iteration": 60, "manifest_sha256": manifest_digest(start)}
 
 
-def test_resuming_dpo_whose_reference_checkpoint_is_gone_is_refused_naming_it(chat_files,
-                                                                            sft_run, tmp_path):
+def test_resuming_dpo_whose_reference_checkpoint_moved_needs_reference_load(chat_files,
+                                                                           sft_run, tmp_path):
     """The reference model is the checkpoint training started from, reloaded on every resume:
     without it the run would compare the policy with something else, so it stops, naming the
-    path (docs/posttraining.md)."""
+    path; once moved, reference_load says where it is now (docs/posttraining.md)."""
     reference = tmp_path / "sft"
     reference.mkdir()
     shutil.copytree(sft_run / "ckpt" / "global_step60", reference / "global_step60")
@@ -87,14 +89,30 @@ def test_resuming_dpo_whose_reference_checkpoint_is_gone_is_refused_naming_it(ch
     run = tmp_path / "dpo"
     posttrain(chat_files, run, "dpo", load=reference, finetune=True, train_iters=2,
               eval_interval=2, checkpoint_factor=1)
-    shutil.rmtree(reference)
+    moved = tmp_path / "moved"
+    shutil.move(str(reference), moved)
     proc = posttrain(chat_files, run, "dpo", check=False, train_iters=2, eval_interval=2,
                      checkpoint_factor=1, iteration=1)
     assert proc.returncode == 1, explain(proc)
     gone = (reference / "global_step60").absolute()
-    assert f"the reference model of this run, {gone}, is gone (DPO and KTO compare the policy " \
-           "with the checkpoint training started from): restore it at that path" in proc.stderr
-    assert "iteration      2/" not in proc.stdout
+    assert f"error: the reference model of this run, {gone}, is gone (DPO and KTO compare the " \
+           "policy with the checkpoint training started from): restore it at that path, or set " \
+           "reference_load to where it is now" in proc.stderr
+    assert "error (rank" not in proc.stderr  # refused by deepy.py, before any worker starts
+    proc = posttrain(chat_files, run, "dpo", check=False, train_iters=2, eval_interval=2,
+                     checkpoint_factor=1, iteration=1, reference_load=tmp_path)
+    assert proc.returncode == 1 and "error (rank" not in proc.stderr, explain(proc)
+    assert f"error: reference_load({tmp_path}): {tmp_path / 'global_step60'} is not a directory;" \
+           f" it should hold the reference checkpoint this run recorded, {gone} (iteration 60)" \
+           in proc.stderr
+    proc = posttrain(chat_files, run, "dpo", train_iters=3, eval_interval=3,
+                     checkpoint_factor=1, override_lr_scheduler=True, reference_load=moved)
+    now = (moved / "global_step60").absolute()
+    assert f"reference model moved: recorded {gone}, read from {now}" in proc.stderr
+    assert "iteration      3/" in proc.stdout
+    manifest = json.loads((run / "ckpt" / "global_step3" / "manifest.json").read_text())
+    assert manifest["client_state"]["reference"] == {
+        "path": str(now), "iteration": 60, "manifest_sha256": manifest_digest(now)}
 
 
 def test_kto_raises_desirable_answers_above_undesirable_ones(chat_files, sft_run, tmp_path):

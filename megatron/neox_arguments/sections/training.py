@@ -63,6 +63,12 @@ class TrainingArgs:
     dpo_reference_free: bool = option(
         False, "DPO: no reference model; the reference log-probabilities are taken as 0."
     )
+    reference_load: str | None = option(
+        None, "DPO, KTO: where the reference model's checkpoint is now, when it has moved since "
+        "the run started; a resumed run otherwise reloads it from the path its checkpoints "
+        "recorded. A step directory (global_stepN) or the directory holding it; it must be the "
+        "recorded checkpoint: the same iteration and the same manifest."
+    )
     kto_beta: float = option(0.1, "KTO: beta, the weight of the log-ratio.")
     kto_fp32: bool = option(True, "KTO: compute the log-probabilities in fp32.")
     kto_desirable_weight: float = option(
