@@ -73,3 +73,12 @@ def leftovers(save_dir: str | Path) -> list[Path]:
         return []
     return sorted(p for p in root.iterdir()
                   if p.name.startswith(_LEFTOVER_PREFIXES) or p.name.startswith(LATEST + ".tmp"))
+
+
+def manifest_digest(step_dir: Path) -> str | None:
+    """sha256 of a step directory's manifest.json (its files' sizes and checksums), or None
+    where it has none."""
+    import hashlib
+
+    manifest = Path(step_dir) / MANIFEST_NAME
+    return hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.is_file() else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from megatron.checkpointing.layout import manifest_digest
 from megatron.monitoring.logger import get_logger
 
 log = get_logger("megatron.training.reference")
@@ -51,17 +52,6 @@ def reference_source(args, resumed: dict, announce: bool = True) -> dict:
         raise ValueError(no_reference_message(impl))
     return {"path": loaded, "iteration": iteration_of(Path(loaded).name),
             "manifest_sha256": manifest_digest(Path(loaded))}
-
-
-def manifest_digest(step_dir: Path) -> str | None:
-    """sha256 of a step directory's manifest.json (its files' sizes and checksums), or None
-    where it has none."""
-    import hashlib
-
-    from megatron.checkpointing.layout import MANIFEST_NAME
-
-    manifest = step_dir / MANIFEST_NAME
-    return hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.is_file() else None
 
 
 def _moved_source(saved: dict, moved: str, announce: bool) -> dict:

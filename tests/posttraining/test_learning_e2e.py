@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron.training.reference_source import manifest_digest
+from megatron.checkpointing.layout import manifest_digest
 from tests.posttraining.runs import greedy_accuracy, posttrain
 from tests.runs import ROOT, deepy, explain
 

@@ -11,7 +11,8 @@ import pytest
 
 from megatron.checkpointing.load import LOADED_FROM
 from megatron.neox_arguments import NeoXArgs
-from megatron.training.reference_source import SOURCE_KEY, manifest_digest, reference_source
+from megatron.checkpointing.layout import manifest_digest
+from megatron.training.reference_source import SOURCE_KEY, reference_source
 from tests.runs import ROOT
 
 PAIRS = {"dataset_impl": "pairwise", "pack_impl": "unpacked", "data_path": None,
