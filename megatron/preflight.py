@@ -226,6 +226,8 @@ def _output_directories(args, script: str) -> list[tuple[str, str]]:
         found.append((key, str(Path(args.derived.sample_output_path).parent)))
     if script == "eval.py" and args.eval.eval_results_prefix:
         found.append(("eval_results_prefix", str(Path(args.eval.eval_results_prefix).parent)))
+    if script == "eval.py" and args.eval.eval_cache_dir:
+        found.append(("eval_cache_dir", args.eval.eval_cache_dir))
     return found
 
 

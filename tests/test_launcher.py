@@ -254,6 +254,8 @@ def test_a_worker_script_started_alone_says_the_deepy_command_with_its_path(monk
     ("train.py", {"save": "/tmp/ck", "save_on_signal": "false"},
      "which stop after the current step without saving (save_on_signal is false)"),
     ("eval.py", {"save": "/tmp/ck"}, "which stop at once"),
+    ("eval.py", {"eval_cache_dir": "/tmp/scores"}, "which stop at once; what they scored "
+     "stays in eval_cache_dir, and the same command run again scores only the rest"),
     ("generate.py", {"text_gen_type": "unconditional"},
      "which stop after the current batch and write the samples done so far"),
     ("generate.py", {"text_gen_type": "interactive"}, "which stop at once"),

@@ -41,10 +41,11 @@ class NeoXLM(LM):
     """lm-eval's LM interface over an InferenceModel on this rank."""
 
     def __init__(self, model, tokenizer, replicas: Replicas | None = None, batch_size: int = 8,
-                 max_gen_toks: int = 256, seed: int = 1234):
+                 max_gen_toks: int = 256, seed: int = 1234, cache=None):
         super().__init__()
         self.model, self.tokenizer = model, tokenizer
         self.replicas = replicas or Replicas()
+        self.cache = cache  # a ScoreCache (megatron/evaluation/cache.py) or None
         self.batch_size, self.max_gen_toks, self.seed = batch_size, max_gen_toks, seed
         self.max_length = model.max_positions
         self.eod = tokenizer.eod
@@ -58,7 +59,7 @@ class NeoXLM(LM):
             context, continuation = req.args[0], req.args[1]
             ctx, cont = self._encode_pair(context, continuation)
             items.append((ctx + cont, len(cont)))
-        results = self._score(items)
+        results = self._cached_score("loglikelihood", [req.args for req in requests], items)
         for req, value in zip(requests, results):
             self.cache_hook.add_partial("loglikelihood", req.args, value)
         return results
@@ -66,7 +67,9 @@ class NeoXLM(LM):
     def loglikelihood_rolling(self, requests) -> list[float]:
         """log p(text) with EOD as the first context, in windows of the model's context."""
         texts = [self.tokenizer.tokenize(req.args[0]) for req in requests]
-        results = [logprob for logprob, _ in self._score([([self.eod] + t, len(t)) for t in texts])]
+        scored = self._cached_score("loglikelihood_rolling", [req.args for req in requests],
+                                    [([self.eod] + t, len(t)) for t in texts])
+        results = [logprob for logprob, _ in scored]
         for req, value in zip(requests, results):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, value)
         return results
@@ -94,6 +97,24 @@ class NeoXLM(LM):
             context, continuation = context[:-spaces], context[-spaces:] + continuation
         ctx = self.tokenizer.tokenize(context) if context else []
         return ctx or [self.eod], self.tokenizer.tokenize(continuation)
+
+    def _cached_score(self, kind: str, args_list: list, items: list) -> list:
+        """`_score(items)`, or with a cache: the stored scores, and the rest scored in rounds
+        of the cache's round size (longest first, as `_score` orders them), each round stored
+        before the next."""
+        if self.cache is None:
+            return self._score(items)
+        results = self.cache.lookup(kind, args_list)
+        todo = sorted((i for i, r in enumerate(results) if r is None),
+                      key=lambda i: -len(items[i][0]))
+        size = self.cache.round_size
+        for start in range(0, len(todo), size):
+            chunk = todo[start:start + size]
+            scores = self._score([items[i] for i in chunk])
+            self.cache.store(kind, [args_list[i] for i in chunk], scores)
+            for i, score in zip(chunk, scores):
+                results[i] = score
+        return results
 
     def _score(self, items: list[tuple[list[int], int]]) -> list[tuple[float, bool]]:
         """(sum of log-probs, all greedy) per (tokens, number of trailing tokens scored)."""

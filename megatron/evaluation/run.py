@@ -5,7 +5,9 @@ Every rank runs `run_evaluation(args)`; global rank 0 writes `{eval_results_pref
 directories): lm-eval's result dict ("results", "versions", "n-shot", "configs", "config", ...)
 plus "checkpoint" (directory, iteration, model_parallel_size, replicas). The metrics also go to
 the run's trackers (metrics.jsonl in log_dir, TensorBoard, wandb, Comet) as
-`eval/<task>/<metric>` at the checkpoint's iteration, and lm-eval's table is printed.
+`eval/<task>/<metric>` at the checkpoint's iteration, and lm-eval's table is printed. With
+eval_cache_dir the scores of finished requests are kept for a run of the same command
+(cache.py).
 """
 
 from __future__ import annotations
@@ -56,9 +58,14 @@ def run_evaluation(args) -> dict | None:
     manager = task_manager_for(names, include)  # unknown tasks fail before the weights load
     with inference_runtime(args) as rt:
         rt.load_model()
+        cache = score_cache(args, rt) if ev.eval_cache_dir else None
         lm = NeoXLM(rt.model, rt.tokenizer, rt.replicas, ev.eval_batch_size,
-                    seed=args.training.seed)
-        results = evaluate_tasks(lm, names, manager, ev, args.training.seed)
+                    seed=args.training.seed, cache=cache)
+        try:
+            results = evaluate_tasks(lm, names, manager, ev, args.training.seed)
+        finally:
+            if cache is not None:
+                cache.close()
         if not rt.replicas.writer or results is None:
             return None
         results["checkpoint"] = {"directory": rt.checkpoint_step, "iteration": rt.iteration,
@@ -66,6 +73,21 @@ def run_evaluation(args) -> dict | None:
                                  "replicas": rt.replicas.count}
         _report(args, results, rt.iteration)
         return results
+
+
+def score_cache(args, rt):
+    """The ScoreCache of this checkpoint and scoring setup in eval_cache_dir."""
+    from megatron.checkpointing.layout import manifest_digest
+    from megatron.evaluation.cache import ScoreCache
+    from megatron.text_generation.runtime import inference_dtype
+
+    dtype = inference_dtype(args.derived.precision, rt.device)
+    setup = {"checkpoint": str(Path(rt.checkpoint_step).absolute()), "iteration": rt.iteration,
+             "manifest_sha256": manifest_digest(Path(rt.checkpoint_step)),
+             "dtype": str(dtype).replace("torch.", ""),
+             "model_parallel_size": rt.tensor_parallel.size, "replicas": rt.replicas.count,
+             "batch_size": args.eval.eval_batch_size}
+    return ScoreCache.open(args.eval.eval_cache_dir, setup, rt.replicas)
 
 
 def evaluate_tasks(lm, names, manager, ev, seed: int) -> dict | None:

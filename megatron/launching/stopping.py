@@ -37,10 +37,14 @@ def new_launch_id() -> str:
 def workers_on_stop(args, script: str) -> str:
     """What `script`'s workers do on deepy.py's first SIGTERM / SIGINT, as deepy.py announces
     it: train.py finishes its step (and saves when it can), generate.py its batch (and writes
-    the samples done); the others just end."""
+    the samples done); the others just end (eval.py keeping its finished rounds of scores with
+    eval_cache_dir)."""
     name = Path(script).name
     if name == "generate.py" and args.derived.text_gen_type != "interactive":
         return "which stop after the current batch and write the samples done so far"
+    if name == "eval.py" and args.eval.eval_cache_dir:
+        return ("which stop at once; what they scored stays in eval_cache_dir, and the same "
+                "command run again scores only the rest")
     if name != "train.py":
         return "which stop at once"
     ck = args.checkpoint

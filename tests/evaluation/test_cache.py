@@ -1,0 +1,120 @@
+"""eval_cache_dir: an evaluation stopped part-way and run again scores only what the first run
+did not finish, and ends with the results of a run that was never stopped."""
+
+import json
+import sqlite3
+
+import pytest
+import torch
+
+from megatron.evaluation.adapter import NeoXLM
+from megatron.evaluation.cache import ScoreCache
+from megatron.evaluation.tasks import task_manager_for
+from megatron.mpu.groups import NO_TP
+from megatron.neox_arguments import NeoXArgs
+from megatron.text_generation.runtime import Replicas, load_inference_model
+from megatron.tokenizer import build_tokenizer
+from tests.runs import ROOT, deepy, explain, free_port
+
+TASKS = ROOT / "tests/evaluation/tasks"
+SETUP = {"checkpoint": "test", "iteration": 30, "batch_size": 1}
+
+
+class Stopped(Exception):
+    """The stop injected into the first run (a preemption, a crash)."""
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(trained):
+    args = NeoXArgs.from_ymls([ROOT / "configs/tiny.yml"], trained["overrides"] + ["num_gpus=1"])
+    tokenizer = build_tokenizer("HFTokenizer", trained["tokenizer"])
+    model, _, _ = load_inference_model(args, tokenizer, NO_TP, torch.device("cpu"))
+    return model, tokenizer
+
+
+def evaluate(lm, monkeypatch):
+    from lm_eval.evaluator import simple_evaluate
+
+    monkeypatch.chdir(ROOT)  # the task files name their data relative to the repository root
+    return simple_evaluate(model=lm, tasks=["tiny_mc", "tiny_rolling"], num_fewshot=0,
+                           bootstrap_iters=0, log_samples=False,
+                           task_manager=task_manager_for(["tiny_mc", "tiny_rolling"],
+                                                         [str(TASKS)]))["results"]
+
+
+def counting_forward(model, monkeypatch, stop_after: int | None = None) -> list[int]:
+    """Count the model's forward passes (one per batch); raise Stopped at pass stop_after."""
+    calls, forward = [0], model.forward
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        if stop_after is not None and calls[0] > stop_after:
+            raise Stopped
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", counted)
+    return calls
+
+
+def test_a_stopped_evaluation_resumes_from_its_cache(model_and_tokenizer, tmp_path, monkeypatch):
+    model, tokenizer = model_and_tokenizer
+
+    def lm(directory):
+        cache = ScoreCache.open(str(directory), SETUP, Replicas(), round_batches=2)
+        return NeoXLM(model, tokenizer, batch_size=1, cache=cache), cache
+
+    with monkeypatch.context() as m:
+        calls = counting_forward(model, m)
+        plain = evaluate(NeoXLM(model, tokenizer, batch_size=1), m)
+        every = calls[0]
+    with monkeypatch.context() as m:
+        whole, cache = lm(tmp_path / "whole")
+        calls = counting_forward(model, m)
+        never_stopped = evaluate(whole, m)
+        assert calls[0] == every
+    (path,) = (tmp_path / "whole").glob("scores-*.sqlite")
+    stored = sqlite3.connect(path).execute("SELECT COUNT(*) FROM scores").fetchone()[0]
+    assert stored == 23  # 5 questions x 4 choices, 3 rolling texts
+    # stopped in the fourth round: three rounds of two requests were kept
+    with monkeypatch.context() as m:
+        first, cache = lm(tmp_path / "stopped")
+        counting_forward(model, m, stop_after=7)
+        with pytest.raises(Stopped):
+            evaluate(first, m)
+        cache.close()
+    (path,) = (tmp_path / "stopped").glob("scores-*.sqlite")
+    assert sqlite3.connect(path).execute("SELECT COUNT(*) FROM scores").fetchone()[0] == 6
+    with monkeypatch.context() as m:
+        again, cache = lm(tmp_path / "stopped")
+        calls = counting_forward(model, m)
+        resumed = evaluate(again, m)
+        assert calls[0] == every - 6  # one forward pass per request at batch size 1
+    for task in ("tiny_mc", "tiny_rolling"):
+        numbers = {k: v for k, v in never_stopped[task].items() if isinstance(v, float)}
+        assert numbers and {k: resumed[task][k] for k in numbers} == numbers
+        for key, value in numbers.items():
+            assert plain[task][key] == pytest.approx(value, rel=1e-5), (task, key)
+    # another setup (here the batch size) is another file: nothing of this one is read
+    other = ScoreCache.open(str(tmp_path / "stopped"), {**SETUP, "batch_size": 2}, Replicas())
+    assert other.path != cache.path and other.lookup("loglikelihood", [("a", "b")]) == [None]
+
+
+def test_a_launch_run_again_with_its_cache_scores_nothing_twice(trained, tmp_path):
+    """Two replicas: the writer reads the cache and hands every rank what it found."""
+    results = []
+    for run in ("first", "again"):
+        prefix = tmp_path / run / "tiny"
+        proc = deepy("eval.py", str(ROOT / "configs/tiny.yml"), *trained["overrides"],
+                     "num_gpus=2", f"eval_tasks=[{TASKS / 'tiny_mc.yaml'}, {TASKS}]",
+                     "eval_bootstrap_iters=0", f"eval_results_prefix={prefix}",
+                     f"eval_cache_dir={tmp_path / 'cache'}", f"log_dir={tmp_path / 'logs'}",
+                     f"master_port={free_port()}", "distributed_timeout_minutes=1",
+                     "eval_batch_size=2")
+        assert proc.returncode == 0, explain(proc)
+        (path,) = (tmp_path / run).glob("tiny_eval_results_*.json")
+        results.append(json.loads(path.read_text())["results"])
+        found = "20 of 20" if run == "again" else "0 of 20"
+        assert f"eval cache: {found} loglikelihood requests already scored" in proc.stderr, \
+            proc.stderr[-3000:]
+    assert results[0] == results[1]
+    assert len(list((tmp_path / "cache").glob("scores-*.sqlite"))) == 1
