@@ -118,3 +118,67 @@ def test_a_launch_run_again_with_its_cache_scores_nothing_twice(trained, tmp_pat
             proc.stderr[-3000:]
     assert results[0] == results[1]
     assert len(list((tmp_path / "cache").glob("scores-*.sqlite"))) == 1
+
+
+@pytest.mark.slow  # three launches, one stopped by a real signal (about 40 s)
+def test_sigterm_part_way_keeps_the_finished_rounds_for_the_next_run(trained, tmp_path):
+    """A real SIGTERM to deepy.py while eval.py scores 1,600 requests (one at a time, rounds of
+    32): the run ends with 143, what it finished stays, and the same command run again scores
+    only the rest and writes the results of a run that was never stopped."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    rng = random.Random(0)
+    words = [json.loads(line) for line in open(TASKS / "tiny_mc.jsonl")]
+    with open(tmp_path / "many_mc.jsonl", "w") as f:
+        for i in range(400):
+            doc = words[i % len(words)]
+            f.write(json.dumps({**doc, "question": f"{doc['question']} ({i})",
+                                "answer": rng.randrange(4)}) + "\n")
+    task = (TASKS / "tiny_mc.yaml").read_text().replace("task: tiny_mc", "task: many_mc")
+    task = task.replace("tests/evaluation/tasks/tiny_mc.jsonl", str(tmp_path / "many_mc.jsonl"))
+    (tmp_path / "many_mc.yaml").write_text(task)
+
+    def command(run: str) -> list[str]:
+        return [sys.executable, str(ROOT / "deepy.py"), "eval.py", str(ROOT / "configs/tiny.yml"),
+                *trained["overrides"], "num_gpus=1", f"eval_tasks=[{tmp_path / 'many_mc.yaml'}]",
+                "eval_bootstrap_iters=0", f"eval_results_prefix={tmp_path / run / 'r'}",
+                f"eval_cache_dir={tmp_path / run / 'cache'}", f"log_dir={tmp_path / 'logs'}",
+                f"master_port={free_port()}", "eval_batch_size=1"]
+
+    def rows(run: str) -> int:
+        found = list((tmp_path / run / "cache").glob("scores-*.sqlite"))
+        if not found:
+            return 0
+        with sqlite3.connect(found[0]) as db:
+            try:
+                return db.execute("SELECT COUNT(*) FROM scores").fetchone()[0]
+            except sqlite3.OperationalError:  # the table is being created
+                return 0
+
+    proc = subprocess.Popen(command("stopped"), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while rows("stopped") < 64 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out[-3000:]
+    assert "passing it to the workers, which stop at once; what they scored stays in " \
+           "eval_cache_dir" in out
+    kept = rows("stopped")
+    assert 64 <= kept < 1600 and kept % 32 == 0, kept
+    assert not list((tmp_path / "stopped").glob("r_eval_results_*.json"))
+    again = subprocess.run(command("stopped"), cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, explain(again)
+    assert f"eval cache: {kept} of 1600 loglikelihood requests already scored" in again.stderr
+    whole = subprocess.run(command("whole"), cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert whole.returncode == 0, explain(whole)
+    results = [json.loads(next((tmp_path / run).glob("r_eval_results_*.json")).read_text())
+               for run in ("stopped", "whole")]
+    assert results[0]["results"] == results[1]["results"] and rows("stopped") == 1600
