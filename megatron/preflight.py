@@ -321,17 +321,22 @@ def _check_post_training_start(args) -> None:
     if manifest is not None:
         head_change(manifest.run, {"value_head": t.train_impl == "rm"}, bool(ck.finetune),
                     Path(ck.load) / manifest.tag)
-        if needs_reference(t) and not ck.finetune:
-            _check_recorded_reference(args, manifest.client_state)
+    if not needs_reference(t):
+        return
+    from megatron.training.reference_source import SOURCE_KEY, not_resuming_message
+
+    recorded = manifest is not None and not ck.finetune and manifest.client_state.get(SOURCE_KEY)
+    if recorded:
+        _check_recorded_reference(args, manifest.client_state)
+    elif t.reference_load:  # a run that starts: its reference is the checkpoint it loads
+        raise ValueError(not_resuming_message(t.reference_load))
 
 
 def _check_recorded_reference(args, client_state: dict) -> None:
     """A resumed DPO/KTO run's recorded reference checkpoint is where the workers will read it:
     at its recorded path, or at reference_load once it is the same checkpoint."""
-    from megatron.training.reference_source import SOURCE_KEY, gone_message, reference_source
+    from megatron.training.reference_source import gone_message, reference_source
 
-    if not client_state.get(SOURCE_KEY):
-        return  # a run's own checkpoint without one, or a foreign one: the workers decide
     path = Path(reference_source(args, client_state, announce=False)["path"])
     if not path.is_dir():
         raise FileNotFoundError(gone_message(path))

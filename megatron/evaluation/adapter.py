@@ -101,20 +101,25 @@ class NeoXLM(LM):
     def _cached_score(self, kind: str, args_list: list, items: list) -> list:
         """`_score(items)`, or with a cache: the stored scores, and the rest scored in rounds
         of the cache's round size (longest first, as `_score` orders them), each round stored
-        before the next."""
+        before the next; a request that occurs more than once is scored once."""
         if self.cache is None:
             return self._score(items)
-        results = self.cache.lookup(kind, args_list)
-        todo = sorted((i for i, r in enumerate(results) if r is None),
-                      key=lambda i: -len(items[i][0]))
+        from megatron.evaluation.cache import request_key
+
+        first: dict[str, int] = {}  # a request asked again (lm-eval repeats some) counts once
+        keys = [request_key(kind, args) for args in args_list]
+        for i, key in enumerate(keys):
+            first.setdefault(key, i)
+        unique = sorted(first.values())
+        found = dict(zip(unique, self.cache.lookup(kind, [args_list[i] for i in unique])))
+        todo = sorted((i for i in unique if found[i] is None), key=lambda i: -len(items[i][0]))
         size = self.cache.round_size
         for start in range(0, len(todo), size):
             chunk = todo[start:start + size]
             scores = self._score([items[i] for i in chunk])
             self.cache.store(kind, [args_list[i] for i in chunk], scores)
-            for i, score in zip(chunk, scores):
-                results[i] = score
-        return results
+            found.update(zip(chunk, scores))
+        return [found[first[key]] for key in keys]
 
     def _score(self, items: list[tuple[list[int], int]]) -> list[tuple[float, bool]]:
         """(sum of log-probs, all greedy) per (tokens, number of trailing tokens scored)."""

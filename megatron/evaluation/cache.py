@@ -5,9 +5,10 @@ an sqlite file so that an evaluation stopped part-way and run again scores only 
     found = cache.lookup("loglikelihood", request_args)     # a score or None each, every rank
     cache.store("loglikelihood", request_args, scores)      # the writer rank, then committed
 
-One file per checkpoint and scoring setup: `setup` (the checkpoint's manifest digest and
-iteration, the dtype, the tensor-parallel size, the replicas, the batch size, the round) names
-it, so a cache is never read for another model or another way of batching. Only the writer rank
+One file per checkpoint and scoring setup: `setup` (megatron/evaluation/run.py score_cache: the
+checkpoint's path, iteration and files, the model config, the tokenizer's files, dtype, device,
+tensor-parallel size, replicas, batch size; and the round) names it, so a cache is never read
+for another model or another way of batching. Only the writer rank
 (global rank 0) reads and writes the file; it hands what it found to the other ranks, so every
 rank scores the same requests. Each round of requests is committed before the next starts: a
 stop loses at most the round in progress.
@@ -54,7 +55,8 @@ class ScoreCache:
         cache = cls(Path(directory) / f"scores-{name}.sqlite", replicas.writer, round_size)
         if replicas.writer:
             log.info("eval cache: %s (%s)", cache.path, ", ".join(
-                f"{k} {v}" for k, v in sorted(setup.items()) if k != "manifest_sha256"))
+                f"{k} {v}" for k, v in sorted(setup.items())
+                if k not in ("files", "model", "tokenizer")))
         return cache
 
     def lookup(self, kind: str, args_list: list) -> list:

@@ -76,15 +76,33 @@ def run_evaluation(args) -> dict | None:
 
 
 def score_cache(args, rt):
-    """The ScoreCache of this checkpoint and scoring setup in eval_cache_dir."""
+    """The ScoreCache of this checkpoint and scoring setup in eval_cache_dir: the checkpoint
+    (its manifest's digest, or its files' sizes and times where it has no manifest), the
+    resolved model config (positions, products, ...), the tokenizer files, the dtype and device,
+    the tensor-parallel size, the replicas and the batch size."""
+    import dataclasses
+    import hashlib
+
     from megatron.checkpointing.layout import manifest_digest
     from megatron.evaluation.cache import ScoreCache
     from megatron.text_generation.runtime import inference_dtype
 
+    def digest(data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()
+
+    step = Path(rt.checkpoint_step).absolute()
+    files = manifest_digest(step) or digest(json.dumps(sorted(
+        (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in step.iterdir() if p.is_file()
+    )).encode())
+    tok = args.tokenizer
+    tokenizer = [tok.tokenizer_type] + [digest(Path(f).read_bytes()) if Path(f).is_file() else f
+                                        for f in (tok.vocab_file, tok.merge_file) if f]
     dtype = inference_dtype(args.derived.precision, rt.device)
-    setup = {"checkpoint": str(Path(rt.checkpoint_step).absolute()), "iteration": rt.iteration,
-             "manifest_sha256": manifest_digest(Path(rt.checkpoint_step)),
-             "dtype": str(dtype).replace("torch.", ""),
+    setup = {"checkpoint": str(step), "iteration": rt.iteration, "files": files,
+             "model": digest(json.dumps(dataclasses.asdict(rt.model.config), sort_keys=True,
+                                        default=str).encode()),
+             "tokenizer": digest(json.dumps(tokenizer).encode()),
+             "dtype": str(dtype).replace("torch.", ""), "device": rt.device.type,
              "model_parallel_size": rt.tensor_parallel.size, "replicas": rt.replicas.count,
              "batch_size": args.eval.eval_batch_size}
     return ScoreCache.open(args.eval.eval_cache_dir, setup, rt.replicas)

@@ -24,8 +24,8 @@ the data-parallel degree and b the bytes of the run's dtype (fp32 4, bf16/fp16 2
                      and the one of the reduction, overlap_comm being off there). On CPU
                      only the pages the gradients are written to become resident, so each
                      counts min(reduce_bucket_size, P) elements there. None with bf16 and
-                     data_types.grad_accum_dtype fp32 under ZeRO 1 (DeepSpeed's bf16
-                     optimizer).
+                     data_types.grad_accum_dtype fp32 under ZeRO 1 without optimizer offload
+                     (DeepSpeed's bf16 optimizer).
 - activations        per micro-batch and transformer layer, in elements of the run's dtype
                      (Korthikanti et al. 2022, "Reducing Activation Recomputation", generalised
                      to GQA, any MLP width and gated activations):
@@ -212,7 +212,9 @@ def zero_bucket_bytes(args, layout: Layout, device: str, params: int) -> int:
     precision = args.derived.precision
     accum = GRAD_ACCUM_DTYPES.get((args.deepspeed.data_types or {}).get("grad_accum_dtype"),
                                   precision)
-    if z == 1 and precision == "bf16" and accum == "fp32":
+    offload = (zero.get("offload_optimizer") or {}).get("device") == "cpu" \
+        or zero.get("cpu_offload") is True
+    if z == 1 and precision == "bf16" and accum == "fp32" and not offload:
         return 0  # DeepSpeed's bf16 optimizer, which has no such buckets
     count = 2 if layout.pp >= 1 or zero.get("overlap_comm", False) else 1
     elements = int(float(zero.get("reduce_bucket_size", 5e8)))

@@ -28,6 +28,12 @@ def gone_message(path) -> str:
             "reference_load to where it is now")
 
 
+def not_resuming_message(moved: str) -> str:
+    return (f"reference_load({moved}) points to where a resumed run's reference checkpoint has "
+            "moved, but this run records none: it starts, and its reference model is the "
+            "checkpoint `load` names. Remove reference_load.")
+
+
 def reference_source(args, resumed: dict, announce: bool = True) -> dict:
     """{"path", "iteration", "manifest_sha256"} of the checkpoint the reference model is read
     from: the one the run recorded (at `reference_load` if set), else the one loaded now.
@@ -41,9 +47,7 @@ def reference_source(args, resumed: dict, announce: bool = True) -> dict:
     from megatron.checkpointing.load import LOADED_FROM
 
     if moved:
-        raise ValueError(f"reference_load({moved}) points to where a resumed run's reference "
-                         "checkpoint has moved, but this run records none: it starts, and its "
-                         "reference model is the checkpoint `load` names. Remove reference_load.")
+        raise ValueError(not_resuming_message(moved))
     loaded = resumed.get(LOADED_FROM)
     impl = args.training.train_impl
     if not loaded:
@@ -57,25 +61,35 @@ def reference_source(args, resumed: dict, announce: bool = True) -> dict:
 def _moved_source(saved: dict, moved: str, announce: bool) -> dict:
     """The recorded reference `saved`, read from `moved` (a step directory, or the directory
     holding global_step<iteration>) once it is the same checkpoint."""
-    from megatron.checkpointing.layout import iteration_of, tag_for
+    from megatron.checkpointing.layout import MANIFEST_NAME, iteration_of, tag_for
 
     where = Path(moved).absolute()
-    step = where if iteration_of(where.name) is not None else where / tag_for(saved["iteration"])
+    own = (where / MANIFEST_NAME).is_file() or iteration_of(where.name) is not None
+    step = where if own else where / tag_for(saved["iteration"])
     recorded = f"the reference checkpoint this run recorded, {saved['path']} (iteration " \
                f"{saved['iteration']})"
     if not step.is_dir():
         raise FileNotFoundError(f"reference_load({moved}): {step} is not a directory; it should "
                                 f"hold {recorded}")
-    if iteration_of(step.name) != saved["iteration"]:
+    digest, expected = manifest_digest(step), saved.get("manifest_sha256")
+    if iteration_of(step.name) not in (None, saved["iteration"]):
         raise ValueError(f"reference_load({moved}): {step} is iteration "
                          f"{iteration_of(step.name)}, not {recorded}")
-    digest, expected = manifest_digest(step), saved.get("manifest_sha256")
+    if expected is not None and digest is None:
+        raise ValueError(f"reference_load({moved}): {step} has no {MANIFEST_NAME}, so it cannot "
+                         f"be compared with {recorded}")
     if expected is not None and digest != expected:
         raise ValueError(f"reference_load({moved}): {step} is another checkpoint than {recorded}:"
                          " its manifest differs (sha256 " + f"{digest} against {expected})")
-    if expected is None and announce:
-        log.warning("reference_load: %s is iteration %s as recorded; this run's checkpoints "
-                    "recorded no manifest digest to compare", step, saved["iteration"])
+    if expected is None:
+        if iteration_of(step.name) != saved["iteration"]:
+            raise ValueError(f"reference_load({moved}): this run's checkpoints recorded no "
+                             f"manifest digest of its reference, so {step} must be named "
+                             f"{tag_for(saved['iteration'])} to be taken for {recorded}")
+        if announce:
+            log.warning("reference_load: %s is iteration %s as recorded; this run's "
+                        "checkpoints recorded no manifest digest to compare", step,
+                        saved["iteration"])
     if announce:
         log.info("reference model moved: recorded %s, read from %s", saved["path"], step)
     return {**saved, "path": str(step), "manifest_sha256": digest}

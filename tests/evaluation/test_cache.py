@@ -99,6 +99,24 @@ def test_a_stopped_evaluation_resumes_from_its_cache(model_and_tokenizer, tmp_pa
     assert other.path != cache.path and other.lookup("loglikelihood", [("a", "b")]) == [None]
 
 
+def test_a_request_asked_twice_is_scored_once(model_and_tokenizer, tmp_path, monkeypatch):
+    """lm-eval repeats requests (the same continuation after an empty context, for one); with
+    a cache each is scored once, so the rounds of a resumed run are those of the first."""
+    from types import SimpleNamespace
+
+    model, tokenizer = model_and_tokenizer
+    cache = ScoreCache.open(str(tmp_path), SETUP, Replicas(), round_batches=1)
+    lm = NeoXLM(model, tokenizer, batch_size=1, cache=cache)
+    asked = [("The history of", " the city"), ("", " is long."), ("The history of", " the city"),
+             ("", " is long."), ("In the year", " 1900")]
+    calls = counting_forward(model, monkeypatch)
+    scores = lm.loglikelihood([SimpleNamespace(args=a) for a in asked])
+    assert calls[0] == 3 and scores[0] == scores[2] and scores[1] == scores[3]
+    plain = NeoXLM(model, tokenizer, batch_size=1).loglikelihood(
+        [SimpleNamespace(args=a) for a in asked])
+    assert scores == plain
+
+
 def test_a_launch_run_again_with_its_cache_scores_nothing_twice(trained, tmp_path):
     """Two replicas: the writer reads the cache and hands every rank what it found."""
     results = []

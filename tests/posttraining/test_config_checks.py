@@ -114,6 +114,17 @@ def test_dpo_and_kto_need_a_model_to_start_from(chat_files, tmp_path):
         preflight(args_for(chat_files, "kto", load=str(empty), finetune=True), "train.py")
 
 
+def test_reference_load_on_a_dpo_run_that_starts_is_refused_before_workers_start(chat_files,
+                                                                                sft_run):
+    """A fine-tune's reference model is the checkpoint it loads; reference_load only repoints
+    the reference a resumed run recorded."""
+    with pytest.raises(ValueError, match=r"^reference_load\(/elsewhere\) points to where a resumed"
+                                         r" run's reference checkpoint has moved, but this run "
+                                         r"records none: it starts"):
+        preflight(args_for(chat_files, "dpo", load=str(sft_run / "ckpt"), finetune=True,
+                           reference_load="/elsewhere", save=None), "train.py")
+
+
 def test_a_reward_model_starts_from_a_language_model_only_as_a_fine_tune(chat_files, sft_run,
                                                                         tmp_path):
     """Through deepy.py: one line, before any worker starts."""

@@ -60,6 +60,22 @@ def test_a_moved_reference_is_read_from_reference_load(recorded, tmp_path, caplo
         in caplog.text
 
 
+def test_a_renamed_step_directory_is_known_by_its_manifest(recorded, tmp_path):
+    step, source = recorded
+    renamed = tmp_path / "sft-start"
+    shutil.move(str(step), renamed)
+    assert reference_source(dpo_args(str(renamed)), {SOURCE_KEY: source})["path"] == \
+        str(renamed.absolute())
+    bare = tmp_path / "bare" / "global_step60"
+    shutil.copytree(renamed, bare)
+    (bare / "manifest.json").unlink()
+    with pytest.raises(ValueError) as err:
+        reference_source(dpo_args(str(bare.parent)), {SOURCE_KEY: source})
+    assert str(err.value) == (f"reference_load({bare.parent}): {bare} has no manifest.json, so "
+                              f"it cannot be compared with the reference checkpoint this run "
+                              f"recorded, {step} (iteration 60)")
+
+
 def test_another_checkpoint_at_reference_load_is_refused_naming_both(recorded, tmp_path):
     step, source = recorded
     recorded_as = f"the reference checkpoint this run recorded, {step} (iteration 60)"
@@ -93,6 +109,11 @@ def test_a_record_without_a_digest_is_matched_by_iteration_with_a_warning(record
     assert got == {**older, "path": str(step.absolute()), "manifest_sha256":
                    manifest_digest(step)}
     assert "recorded no manifest digest to compare" in caplog.text
+    renamed = tmp_path / "renamed"  # without a digest, only the name tells the iteration
+    shutil.copytree(step, renamed)
+    with pytest.raises(ValueError, match=r"recorded no manifest digest of its reference, so "
+                                         r".*renamed must be named global_step60 to be taken"):
+        reference_source(dpo_args(str(renamed)), {SOURCE_KEY: older})
 
 
 def test_reference_load_on_a_run_that_starts_is_refused(recorded):

@@ -200,6 +200,17 @@ def bucket_peaks(rank: int, world: int, tmp: str) -> dict:
     return out
 
 
+def test_bf16_with_fp32_accumulation_has_buckets_only_with_optimizer_offload():
+    """DeepSpeed runs its bf16 optimizer (no buckets) for bf16 + fp32 accumulation under ZeRO
+    1, unless the optimizer is offloaded: then its ZeRO optimizer, with fp32 buckets."""
+    base = ["configs/tiny.yml", "bf16={enabled: true}", "data_types={grad_accum_dtype: fp32}"]
+    plain = training_estimate(load(base, "zero_optimization={stage: 1}"), 1024, device="cuda")
+    offload = training_estimate(load(base, "zero_optimization={stage: 1, offload_optimizer: "
+                                           "{device: cpu}}"), 1024, device="cuda")
+    assert plain.term("ZeRO gradient buckets") == 0
+    assert offload.term("ZeRO gradient buckets") == 2 * 500_000_000 * 4  # pipeline engine
+
+
 def test_zero_gradient_buckets_are_the_buffers_deepspeed_allocates(tmp_path):
     """The term counts the buffers of reduce_bucket_size elements DeepSpeed's ZeRO optimizer
     allocates in a real step, whole on a GPU: one, two with overlap_comm, two under the
