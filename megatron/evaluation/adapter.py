@@ -80,13 +80,17 @@ class NeoXLM(LM):
         groups: dict[str, list[int]] = {}
         for i, req in enumerate(requests):
             groups.setdefault(json.dumps(req.args[1], sort_keys=True, default=str), []).append(i)
-        out: list[str] = [""] * len(requests)
-        for indices in groups.values():
-            texts = self._generate([requests[i].args[0] for i in indices],
-                                   requests[indices[0]].args[1], indices)
-            for i, text in zip(indices, texts):
-                out[i] = text
-                self.cache_hook.add_partial("generate_until", requests[i].args, text)
+        contexts = [req.args[0] for req in requests]
+
+        def run(indices: list[int]) -> list[str]:  # requests of one group
+            return self._generate([contexts[i] for i in indices], requests[indices[0]].args[1],
+                                  indices)
+
+        keys = [self._generation_key(req.args, i) for i, req in enumerate(requests)]
+        out = self._cached("generate_until", keys, [len(c) for c in contexts], run,
+                           list(groups.values()))
+        for req, text in zip(requests, out):
+            self.cache_hook.add_partial("generate_until", req.args, text)
         return out
 
     # ---- helpers -----------------------------------------------------------------------
@@ -99,11 +103,23 @@ class NeoXLM(LM):
         return ctx or [self.eod], self.tokenizer.tokenize(continuation)
 
     def _cached_score(self, kind: str, args_list: list, items: list) -> list:
-        """`_score(items)`, or with a cache: the stored scores, and the rest scored in rounds
-        of the cache's round size (longest first, as `_score` orders them), each round stored
-        before the next; a request that occurs more than once is scored once."""
+        """`_score(items)`, through the cache when there is one."""
+        return self._cached(kind, args_list, [len(tokens) for tokens, _ in items],
+                            lambda chunk: self._score([items[i] for i in chunk]))
+
+    def _cached(self, kind: str, args_list: list, lengths: list[int], run,
+                groups: list[list[int]] | None = None) -> list:
+        """`run(indices)` over each group of request indices (all of them by default), or with
+        a cache: the stored results, and the rest run in rounds of the cache's round size
+        (longest first), each round stored before the next; a request that occurs more than
+        once is run once."""
+        groups = groups if groups is not None else [list(range(len(args_list)))]
+        out: list = [None] * len(args_list)
         if self.cache is None:
-            return self._score(items)
+            for group in groups:
+                for i, value in zip(group, run(group)):
+                    out[i] = value
+            return out
         from megatron.evaluation.cache import request_key
 
         first: dict[str, int] = {}  # a request asked again (lm-eval repeats some) counts once
@@ -112,14 +128,25 @@ class NeoXLM(LM):
             first.setdefault(key, i)
         unique = sorted(first.values())
         found = dict(zip(unique, self.cache.lookup(kind, [args_list[i] for i in unique])))
-        todo = sorted((i for i in unique if found[i] is None), key=lambda i: -len(items[i][0]))
         size = self.cache.round_size
-        for start in range(0, len(todo), size):
-            chunk = todo[start:start + size]
-            scores = self._score([items[i] for i in chunk])
-            self.cache.store(kind, [args_list[i] for i in chunk], scores)
-            found.update(zip(chunk, scores))
+        for group in groups:
+            todo = sorted((i for i in group if first[keys[i]] == i and found[i] is None),
+                          key=lambda i: -lengths[i])
+            for start in range(0, len(todo), size):
+                chunk = todo[start:start + size]
+                values = run(chunk)
+                self.cache.store(kind, [args_list[i] for i in chunk], values)
+                found.update(zip(chunk, values))
         return [found[first[key]] for key in keys]
+
+    def _generation_key(self, args: tuple, index: int) -> tuple:
+        """What a generation depends on beyond the model: the context, the settings, the
+        default length and, when sampling, the seed and the request's place (its generator is
+        seeded by both)."""
+        context, gen_kwargs = args[0], args[1]
+        sampled = bool((gen_kwargs or {}).get("do_sample"))
+        return (context, gen_kwargs, self.max_gen_toks,
+                (self.seed, index) if sampled else None)
 
     def _score(self, items: list[tuple[list[int], int]]) -> list[tuple[float, bool]]:
         """(sum of log-probs, all greedy) per (tokens, number of trailing tokens scored)."""

@@ -1,5 +1,5 @@
-"""eval.py's score cache (eval_cache_dir): what finished log-likelihood requests scored, kept in
-an sqlite file so that an evaluation stopped part-way and run again scores only the rest.
+"""eval.py's score cache (eval_cache_dir): what finished requests scored or generated, kept in
+an sqlite file so that an evaluation stopped part-way and run again does only the rest.
 
     cache = ScoreCache.open(directory, setup, replicas)   # setup: what the scores depend on
     found = cache.lookup("loglikelihood", request_args)     # a score or None each, every rank
@@ -29,11 +29,13 @@ ROUND_BATCHES = 32  # a round: this many batches of every replica, scored then c
 
 
 def request_key(kind: str, args) -> str:
-    return hashlib.sha256(json.dumps([kind, list(args)], sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([kind, list(args)], sort_keys=True, default=str)
+                          .encode()).hexdigest()
 
 
 class ScoreCache:
-    """Scores by request, in `path` (read and written by the writer rank only)."""
+    """Scores (and generated texts) by request, in `path` (read and written by the writer
+    rank only)."""
 
     def __init__(self, path: Path, writer: bool, round_size: int):
         self.path, self.writer, self.round_size = path, writer, round_size
@@ -69,7 +71,8 @@ class ScoreCache:
                                       (request_key(kind, args),)).fetchone()
                 found.append(None if row is None else _decode(json.loads(row[0])))
             hits = sum(v is not None for v in found)
-            log.info("eval cache: %d of %d %s requests already scored", hits, len(found), kind)
+            log.info("eval cache: %d of %d %s requests already %s", hits, len(found), kind,
+                     "generated" if kind == "generate_until" else "scored")
         return _from_writer(found)
 
     def store(self, kind: str, args_list: list, values: list) -> None:

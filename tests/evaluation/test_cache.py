@@ -17,6 +17,7 @@ from megatron.tokenizer import build_tokenizer
 from tests.runs import ROOT, deepy, explain, free_port
 
 TASKS = ROOT / "tests/evaluation/tasks"
+GEN_TASKS = ROOT / "tests/evaluation/gen_tasks"
 SETUP = {"checkpoint": "test", "iteration": 30, "batch_size": 1}
 
 
@@ -42,6 +43,13 @@ def evaluate(lm, monkeypatch):
                                                          [str(TASKS)]))["results"]
 
 
+def cached_lm(model_and_tokenizer, directory, round_batches: int, seed: int = 1234):
+    """(NeoXLM at batch size 1 with a cache in `directory`, the cache)."""
+    model, tokenizer = model_and_tokenizer
+    cache = ScoreCache.open(str(directory), SETUP, Replicas(), round_batches=round_batches)
+    return NeoXLM(model, tokenizer, batch_size=1, seed=seed, cache=cache), cache
+
+
 def counting_forward(model, monkeypatch, stop_after: int | None = None) -> list[int]:
     """Count the model's forward passes (one per batch); raise Stopped at pass stop_after."""
     calls, forward = [0], model.forward
@@ -60,8 +68,7 @@ def test_a_stopped_evaluation_resumes_from_its_cache(model_and_tokenizer, tmp_pa
     model, tokenizer = model_and_tokenizer
 
     def lm(directory):
-        cache = ScoreCache.open(str(directory), SETUP, Replicas(), round_batches=2)
-        return NeoXLM(model, tokenizer, batch_size=1, cache=cache), cache
+        return cached_lm(model_and_tokenizer, directory, round_batches=2)
 
     with monkeypatch.context() as m:
         calls = counting_forward(model, m)
@@ -115,6 +122,91 @@ def test_a_request_asked_twice_is_scored_once(model_and_tokenizer, tmp_path, mon
     plain = NeoXLM(model, tokenizer, batch_size=1).loglikelihood(
         [SimpleNamespace(args=a) for a in asked])
     assert scores == plain
+
+
+def generated(lm, monkeypatch) -> list[str]:
+    """tiny_gen through lm-eval: each prompt's continuation as the harness received it."""
+    from lm_eval.evaluator import simple_evaluate
+
+    monkeypatch.chdir(ROOT)
+    out = simple_evaluate(model=lm, tasks=["tiny_gen"], num_fewshot=0, bootstrap_iters=0,
+                          log_samples=True, task_manager=task_manager_for(["tiny_gen"],
+                                                                          [str(GEN_TASKS)]))
+    samples = sorted(out["samples"]["tiny_gen"], key=lambda s: s["doc_id"])
+    return [s["resps"][0][0] for s in samples]
+
+
+def test_a_stopped_generation_task_resumes_from_its_cache(model_and_tokenizer, tmp_path,
+                                                          monkeypatch):
+    """generate_until requests are kept too: a generation task stopped part-way and run again
+    generates only the prompts the first run did not finish, and the harness receives the
+    texts of a run without a cache."""
+    model, tokenizer = model_and_tokenizer
+
+    def lm():
+        return cached_lm(model_and_tokenizer, tmp_path, round_batches=1)
+
+    with monkeypatch.context() as m:
+        calls = counting_forward(model, m)
+        plain = generated(NeoXLM(model, tokenizer, batch_size=1), m)
+        every = calls[0]
+    assert len(plain) == 6 and any(plain)
+    with monkeypatch.context() as m:
+        first, cache = lm()
+        counting_forward(model, m, stop_after=every // 2)
+        with pytest.raises(Stopped):
+            generated(first, m)
+        cache.close()
+    (path,) = tmp_path.glob("scores-*.sqlite")
+    kept = sqlite3.connect(path).execute("SELECT COUNT(*) FROM scores").fetchone()[0]
+    assert 0 < kept < 6
+    with monkeypatch.context() as m:
+        again, cache = lm()
+        calls = counting_forward(model, m)
+        assert generated(again, m) == plain
+        assert 0 < calls[0] < every
+        cache.close()
+    with monkeypatch.context() as m:  # everything kept: no forward pass at all
+        third, cache = lm()
+        calls = counting_forward(model, m)
+        assert generated(third, m) == plain and calls[0] == 0
+
+
+def test_sampled_generations_are_kept_by_place_and_seed(model_and_tokenizer, tmp_path,
+                                                        monkeypatch):
+    """A sampled request's generator is seeded by the eval seed and the request's place, so
+    two equal sampled requests are two results (a greedy repeat is one), a resumed run gives
+    the texts of an uncached one, and another seed is not read from the cache."""
+    from types import SimpleNamespace
+
+    model, tokenizer = model_and_tokenizer
+    sample = {"until": ["\n"], "max_gen_toks": 8, "do_sample": True, "temperature": 1.0}
+    greedy = {"until": ["\n"], "max_gen_toks": 8}
+    asked = [SimpleNamespace(args=a) for a in [
+        ("The history of", sample), ("The history of", sample), ("In the year", greedy),
+        ("In the year", greedy), ("The river", sample)]]
+    plain = NeoXLM(model, tokenizer, batch_size=1, seed=7).generate_until(asked)
+    assert plain[2] == plain[3]
+
+    def lm(seed=7):
+        return cached_lm(model_and_tokenizer, tmp_path, round_batches=1, seed=seed)[0]
+
+    with monkeypatch.context() as m:
+        counting_forward(model, m, stop_after=8)
+        with pytest.raises(Stopped):
+            lm().generate_until(asked)
+    (path,) = tmp_path.glob("scores-*.sqlite")
+    kept = sqlite3.connect(path).execute("SELECT COUNT(*) FROM scores").fetchone()[0]
+    assert 0 < kept < 4  # four distinct requests: the greedy repeat is one
+    with monkeypatch.context() as m:
+        calls = counting_forward(model, m)
+        assert lm().generate_until(asked) == plain and calls[0] > 0
+    assert sqlite3.connect(path).execute("SELECT COUNT(*) FROM scores").fetchone()[0] == 4
+    with monkeypatch.context() as m:
+        calls = counting_forward(model, m)
+        other = lm(seed=8).generate_until(asked)
+    assert other == NeoXLM(model, tokenizer, batch_size=1, seed=8).generate_until(asked)
+    assert calls[0] > 0  # the sampled requests again; the greedy one was kept
 
 
 def test_a_launch_run_again_with_its_cache_scores_nothing_twice(trained, tmp_path):

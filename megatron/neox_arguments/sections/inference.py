@@ -77,10 +77,11 @@ class EvalArgs:
         None, "Documents per task (below 1: that fraction of them); null runs all. For smoke tests."
     )
     eval_cache_dir: str | None = option(
-        None, "eval.py: keep the scores of finished log-likelihood requests in a file here (one "
-        "per checkpoint and scoring setup), written after every round of requests, so that an "
-        "evaluation stopped part-way (SIGTERM, a crash) and run again scores only the rest; "
-        "null keeps nothing. Evaluation during training (train.py) keeps nothing."
+        None, "eval.py: keep the scores of finished log-likelihood requests and the texts of "
+        "finished generate_until requests in a file here (one per checkpoint and scoring setup), "
+        "written after every round of requests, so that an evaluation stopped part-way (SIGTERM, "
+        "a crash) and run again does only the rest; null keeps nothing. Evaluation during "
+        "training (train.py) keeps nothing."
     )
     eval_bootstrap_iters: int = option(
         100000, "Bootstrap resamples for the stderr of metrics without a closed form (lm-eval's "
