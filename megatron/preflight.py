@@ -97,6 +97,10 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
 
     check_save_directory(Path(ck.load))  # one global_step<N> would read as holding none
     if ck.finetune:
+        from megatron.checkpointing.locate import find_candidates, no_fine_tune_source
+
+        if name == "train.py" and not find_candidates(Path(ck.load), ck.iteration)[0]:
+            raise no_fine_tune_source(Path(ck.load))
         return
 
     manifest = planned_manifest(Path(ck.load), ck.iteration)

@@ -24,7 +24,7 @@ from megatron.checkpointing.compatibility import check_compatible, describe_run,
 from megatron.checkpointing.errors import NoValidCheckpointError
 from megatron.checkpointing.layout import rng_file
 from megatron.checkpointing.locate import (check_save_directory, damaged, find_candidates,
-                                           verify_checkpoint)
+                                           no_fine_tune_source, verify_checkpoint)
 from megatron.checkpointing.model_shape import head_change
 from megatron.checkpointing.manifest import Manifest
 from megatron.checkpointing.retention import remove_leftovers
@@ -58,11 +58,9 @@ def load_checkpoint(engine, ck, advice: str = NO_VALID_ADVICE) -> dict:
         remove_leftovers(Path(ck.save))
     candidates = _agreed_candidates(root, ck.iteration)
     if not candidates:
-        if ck.finetune:  # GPT-NeoX goes on from random weights too, saying less
-            log.warning("finetune is true but %s holds no checkpoint: the weights start random; "
-                        "point load at the checkpoint to fine-tune", root)
-        else:
-            log.info("no checkpoint in %s: starting from iteration 0", root)
+        if ck.finetune:  # deepy.py refused it before the workers started
+            raise no_fine_tune_source(root)
+        log.info("no checkpoint in %s: starting from iteration 0", root)
         return {}
     rejected: list[tuple[str, list[str]]] = []
     for tag in candidates:

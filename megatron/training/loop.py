@@ -156,6 +156,9 @@ def _pretrain(args) -> RunState:
     state.consumed_train_samples = int(resumed.get("consumed_train_samples", train))
     state.consumed_valid_samples = int(resumed.get("consumed_valid_samples", valid))
     check_ranks_agree(state)
+    if resumed and state.iteration >= args.training.train_iters:
+        print_rank_0(_nothing_to_train(args, state.iteration))
+        return state
 
     counts = sample_counts(args, state.iteration, state.consumed_valid_samples)
     train_ds, valid_ds, test_ds = build_datasets(args, counts, tokenizer.vocab_size,
@@ -200,6 +203,17 @@ def _pretrain(args) -> RunState:
         profiler.close()
         tracker.close()
     return state
+
+
+def _nothing_to_train(args, iteration: int) -> str:
+    """The line of a run whose checkpoint has reached train_iters (a finished run's command run
+    again): it ends at once, writing nothing, where GPT-NeoX would evaluate and save again."""
+    t = args.training.train_iters
+    where = "at" if iteration == t else "past"
+    return (f"nothing to train: the checkpoint in {args.checkpoint.load} is at iteration "
+            f"{iteration}, {where} train_iters ({t}); nothing was evaluated or written. Raise "
+            "train_iters (with override_lr_scheduler or use_checkpoint_lr_scheduler) to train "
+            "further")
 
 
 def implied_position(args, iteration: int) -> tuple[int, int]:

@@ -2,6 +2,7 @@
 when nothing verifies. The checkpoints are written by our manifest code without DeepSpeed."""
 
 import logging
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,6 +16,10 @@ from megatron.checkpointing.manifest import FileEntry, Manifest, write_manifest
 from megatron.mpu.topology import Topology
 from megatron.neox_arguments import NeoXArgs
 from tests.runs import ROOT
+
+
+ENGINE = SimpleNamespace(topology=Topology(1, 1, 1),
+                         engine=SimpleNamespace(module=torch.nn.Linear(2, 2)))
 
 
 def fabricate(root: Path, iteration: int) -> Path:
@@ -63,19 +68,33 @@ def test_nothing_saved_means_a_fresh_start(tmp_path):
     assert find_candidates(tmp_path / "none", None) == ([], [])
 
 
-@pytest.mark.parametrize("finetune", [False, True])
-def test_a_load_directory_without_checkpoints_starts_fresh_and_a_fine_tune_says_so(
-        tmp_path, caplog, finetune):
+def test_a_load_directory_without_checkpoints_starts_fresh(tmp_path, caplog):
     args = NeoXArgs.from_ymls([ROOT / "configs" / "tiny.yml"], {
-        "load": str(tmp_path / "none"), "save": None, "num_gpus": 1, "finetune": finetune})
-    engine = SimpleNamespace(topology=Topology(1, 1, 1),
-                             engine=SimpleNamespace(module=torch.nn.Linear(2, 2)))
+        "load": str(tmp_path / "none"), "save": None, "num_gpus": 1})
     with caplog.at_level("INFO", logger="megatron"):
-        assert load_checkpoint(engine, args.checkpoint) == {}
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert warnings == ([f"finetune is true but {tmp_path / 'none'} holds no checkpoint: the "
-                         "weights start random; point load at the checkpoint to fine-tune"]
-                        if finetune else [])
+        assert load_checkpoint(ENGINE, args.checkpoint) == {}
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert f"no checkpoint in {tmp_path / 'none'}: starting from iteration 0" in caplog.text
+
+
+@pytest.mark.parametrize("exists", [False, True])
+def test_a_fine_tune_from_no_checkpoint_is_refused_before_the_workers(tmp_path, exists):
+    """GPT-NeoX would train from random weights; a fine-tune from nothing is a wrong path."""
+    from megatron.preflight import preflight
+
+    if exists:
+        (tmp_path / "none").mkdir()
+    args = NeoXArgs.from_ymls([ROOT / "configs" / "tiny.yml"], {
+        "load": str(tmp_path / "none"), "save": str(tmp_path / "out"), "num_gpus": 1,
+        "finetune": True, "log_dir": str(tmp_path / "logs")})
+    state = "holds no checkpoint" if exists else "does not exist"
+    expected = (f"finetune is true but load {tmp_path / 'none'} {state}: a fine-tune starts "
+                "from the weights there")
+    with pytest.raises(FileNotFoundError, match=re.escape(expected)):
+        preflight(args, "train.py")
+    with pytest.raises(FileNotFoundError, match=re.escape(expected)):  # the workers, too
+        load_checkpoint(ENGINE, args.checkpoint)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("damage, expected", [

@@ -302,3 +302,27 @@ def test_resume_on_changed_data_is_refused_unless_allowed(tmp_path):
     allowed = launch_in_process("train.py", "configs/tiny.yml", *again, "allow_data_change=true")
     assert allowed.returncode == 0, explain(allowed)
     assert "from iteration 10 to 20" in allowed.stdout
+
+
+def test_the_command_of_a_finished_run_run_again_writes_nothing(trained, tmp_path):
+    """A run whose checkpoint is at train_iters ends at once: no second validation at that
+    iteration, no checkpoint rewritten, no metrics or summary replaced."""
+    import hashlib
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained["ckpt"], run / "ckpt")
+
+    def files() -> dict:
+        return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(run.rglob("*")) if p.is_file() and p.parent.name != "heartbeats"}
+
+    before = files()
+    proc = launch_in_process("train.py", "configs/tiny.yml",
+                             *tiny_overrides(trained["data"], trained["tokenizer"], run,
+                                             train_iters=30, num_gpus=1))
+    assert proc.returncode == 0, explain(proc)
+    assert (f"nothing to train: the checkpoint in {run / 'ckpt'} is at iteration 30, at "
+            "train_iters (30); nothing was evaluated or written") in proc.stdout
+    assert "validation at iteration" not in proc.stdout
+    assert files() == before  # no checkpoint file touched, no metrics, no run summary
