@@ -14,7 +14,7 @@ def requirements(name: str) -> list[str]:
 
 
 EXTRAS = ("dev", "wandb", "comet", "tensorboard", "eval", "hf", "flashattention", "mpi",
-          "plot")
+          "plot", "data")
 
 setup(
     name="neox-megatron",

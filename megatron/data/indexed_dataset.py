@@ -16,14 +16,18 @@ Byte layout of `P.idx` (all integers little-endian, no padding anywhere):
                              doc_idx[0] == 0 and doc_idx[-1] == N, so there are D - 1 documents
     total = 34 + 12N + 8D bytes
 
-dtype codes (GPT-NeoX's table): 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float64,
-8 uint16. (GPT-NeoX wrote 6 as numpy's old `np.float`, which is float64, and 7 as `np.double`;
-Megatron-core reads 7 as float32.) Token files use the unsigned or non-negative integer codes.
-Two other kinds of file share the format, written with `values=`:
+dtype codes (GPT-NeoX's table): 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float32, 7 float64,
+8 uint16. Not every writer agrees on the float codes: Megatron-LM's core reads 6 as float64 and
+7 as float32, older Megatron and GPT-NeoX versions read 6 as numpy's old `np.float` (float64),
+and this project's writer once wrote float64 as 6. So a float code alone does not give the
+width: the reader takes it from the data, from the pointers (byte offsets) where an item before
+the last holds values, else from the `.bin`'s size per value, and uses the table only where no
+value exists (`float_dtype`). Token files use the unsigned or non-negative integer codes. Two
+other kinds of file share the format, written with `values=`:
 - label files (post-training; GPT-NeoX's convention): int32, one label per token of the token
   file beside them, the token's id where it carries loss and -100 (IGNORE_LABEL) where it does
   not;
-- reward files (KTO): float64 (code 6), one value per document.
+- reward files (KTO): float64 (code 7), one value per document.
 
 `P.bin` is the items' tokens back to back in the index's dtype, in native little-endian order:
 item i occupies bytes [pointers[i], pointers[i] + sizes[i] * itemsize). Its size is exactly
@@ -60,13 +64,12 @@ DTYPES: dict[int, type] = {
     3: np.int16,
     4: np.int32,
     5: np.int64,
-    6: np.float64,
+    6: np.float32,
     7: np.float64,
     8: np.uint16,
 }
-_WRITABLE_CODES: dict[type, int] = {
-    np.uint8: 1, np.int8: 2, np.int16: 3, np.int32: 4, np.int64: 5, np.uint16: 8, np.float64: 6,
-}
+FLOAT_CODES = (6, 7)  # their width is read from the data where it can be (float_dtype)
+_WRITABLE_CODES: dict[type, int] = {np.dtype(t).type: code for code, t in DTYPES.items()}
 IGNORE_LABEL = -100  # a label file's value at a position that carries no loss
 VALUE_KINDS = {"tokens": None, "labels": np.int32, "rewards": np.float64}
 
@@ -89,7 +92,7 @@ def best_fitting_dtype(vocab_size: int | None = None) -> type:
 
 
 def dtype_code(dtype: Any) -> int:
-    """The index file's code for an integer numpy dtype; ValueError for anything else."""
+    """The index file's code for a numpy dtype of the table; ValueError for anything else."""
     key = np.dtype(dtype).type
     if key not in _WRITABLE_CODES:
         raise ValueError(
@@ -104,8 +107,8 @@ def dtype_code(dtype: Any) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
-def _read_header(f, idx_path: str) -> tuple[type, int, int]:
-    """Parse and check the fixed header of the open `.idx` file `f`; returns (dtype, N, D)."""
+def _read_header(f, idx_path: str) -> tuple[int, int, int]:
+    """Parse and check the fixed header of the open `.idx` file `f`; returns (dtype code, N, D)."""
     head = os.pread(f.fileno(), HEADER_BYTES, 0)
     if head[:8] == CACHED_MAGIC:
         raise ValueError(
@@ -125,7 +128,34 @@ def _read_header(f, idx_path: str) -> tuple[type, int, int]:
         raise ValueError(f"{idx_path}: expected index version {VERSION}, found {version}")
     if code not in DTYPES:
         raise ValueError(f"{idx_path}: expected a dtype code in {sorted(DTYPES)}, found {code}")
-    return DTYPES[code], n, d
+    return code, n, d
+
+
+def float_dtype(code: int, sizes: np.ndarray, pointers: np.ndarray, bin_bytes: int,
+                idx_path: str) -> type:
+    """float32 or float64 for the float code 6 or 7, from the data's width where it has values
+    (part of the header check, A16).
+
+    The pointers are byte offsets, so where an item before the last holds values the last
+    pointer over their count is the width; a width other than 4 or 8 is an error naming the
+    file. Otherwise the `.bin`'s size over the value count decides when it is 4 or 8 bytes a
+    value; a file with no value (or a `.bin` of another size, refused later) takes GPT-NeoX's
+    table.
+    """
+    before_last = int(sizes[:-1].sum(dtype=np.int64))
+    total = before_last + (int(sizes[-1]) if len(sizes) else 0)
+    if before_last:
+        width, rest = divmod(int(pointers[-1]), before_last)
+        if rest or width not in (4, 8):
+            raise ValueError(
+                f"{idx_path}: dtype code {code} means float32 or float64 (depending on the "
+                f"writer), but its pointers put {before_last} values in {int(pointers[-1])} "
+                "bytes, neither 4 nor 8 bytes a value; the index is corrupt")
+    elif total and bin_bytes in (4 * total, 8 * total):
+        width = bin_bytes // total
+    else:
+        return DTYPES[code]
+    return np.float32 if width == 4 else np.float64
 
 
 class TokenFileChanged(RuntimeError):
@@ -163,7 +193,7 @@ class MMapIndexedDataset:
             )
         self._idx_file = open(idx_path, "rb", buffering=0)
         self._bin_file = open(bin_path, "rb", buffering=0)
-        self._dtype, n, d = _read_header(self._idx_file, idx_path)
+        code, n, d = _read_header(self._idx_file, idx_path)
         self._idx_bytes = HEADER_BYTES + 12 * n + 8 * d
         found = os.fstat(self._idx_file.fileno()).st_size
         if found != self._idx_bytes:
@@ -178,6 +208,10 @@ class MMapIndexedDataset:
         self._doc_idx = index[12 * n:].view(np.int64)
         for a in (self._sizes, self._pointers, self._doc_idx):
             a.flags.writeable = False
+        self._dtype = DTYPES[code]
+        if code in FLOAT_CODES:
+            bin_bytes = os.fstat(self._bin_file.fileno()).st_size
+            self._dtype = float_dtype(code, self._sizes, self._pointers, bin_bytes, idx_path)
         self._check_index(idx_path)
         self._bin_bytes = self.num_tokens * np.dtype(self._dtype).itemsize
         self._check_data_size(idx_path, bin_path)

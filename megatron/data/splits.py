@@ -56,10 +56,13 @@ def split_document_ranges(split: str, num_documents: int) -> dict[str, range]:
 
 def weights_by_num_documents(num_documents: Sequence[int], alpha: float,
                              limit: int | None = None) -> list[float]:
-    """Blend weights from each dataset's document count, p_i ~ n_i ** alpha, as GPT-NeoX does.
+    """Blend weights from document counts n_i, GPT-NeoX's `weights_by_num_docs`.
 
-    alpha < 1 boosts small datasets (https://arxiv.org/abs/1911.02116); the result is then
-    multiplied by (1 - n_i / total) and normalised. `limit` caps the count used per dataset.
+    With p_i = n_i / sum(n), w_i = p_i ** alpha * (1 - p_i), normalised to sum 1 (GPT-NeoX
+    normalises p ** alpha first, which cancels). So alpha = 1 does not give the document share:
+    [900, 100] gives [0.5, 0.5]. A smaller alpha moves weight to the smaller datasets
+    (https://arxiv.org/abs/1911.02116). One dataset gets [1.0]; where one holds every document
+    (GPT-NeoX divides by zero) the weights are the shares p. `limit` caps each count used.
     """
     counts = [min(n, limit) if limit else n for n in num_documents]
     if limit is not None and limit <= 0:

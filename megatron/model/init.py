@@ -22,6 +22,7 @@ def _normal(std: float) -> InitFn:
 
 
 def _orthogonal(gain: float) -> InitFn:
+    """A (semi-)orthogonal matrix (Saxe et al. 2013) times `gain`: every singular value is gain."""
     def init(t: torch.Tensor, gen: torch.Generator) -> None:
         rows, cols = t.shape[0], t.numel() // t.shape[0]
         flat = torch.randn(max(rows, cols), min(rows, cols), generator=gen, dtype=torch.float32)
@@ -54,8 +55,9 @@ def _make(name: str, std: float, num_layers: int, hidden_size: int) -> InitFn:
         "scaled_normal": lambda: _normal(scaled),
         # GPT-NeoX's for Mamba: one residual branch per layer, N(0, std / sqrt(num_layers))
         "single_residual_scaled_normal": lambda: _normal(std / math.sqrt(num_layers)),
-        "orthogonal": lambda: _orthogonal(1.0),
-        "scaled_orthogonal": lambda: _orthogonal(1.0 / math.sqrt(2.0 * num_layers)),
+        # GPT-NeoX's orthogonal_init_method: gain sqrt(2 / n_layers), n_layers defaulting to 1
+        "orthogonal": lambda: _orthogonal(math.sqrt(2.0)),
+        "scaled_orthogonal": lambda: _orthogonal(math.sqrt(2.0 / num_layers)),
         "xavier_uniform": lambda: _xavier(True),
         "xavier_normal": lambda: _xavier(False),
         "small_init": lambda: _normal(math.sqrt(2.0 / (5.0 * hidden_size))),

@@ -16,7 +16,8 @@ class RotaryEmbedding(torch.nn.Module):
         super().__init__()
         self.rotary_ndims = rotary_ndims
         self.fused = fused  # rope_fusion: the Triton kernel where it can run
-        inv_freq = 1.0 / (base ** (torch.arange(0, rotary_ndims, 2, dtype=torch.float32) / rotary_ndims))
+        exponents = torch.arange(0, rotary_ndims, 2, dtype=torch.float32) / rotary_ndims
+        inv_freq = 1.0 / (base ** exponents)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.max_positions = max_positions
 
@@ -73,13 +74,16 @@ class _Rotate(torch.autograd.Function):
 
 
 def sinusoidal_table(max_positions: int, dim: int) -> torch.Tensor:
-    """The fixed sin/cos position table of "Attention Is All You Need": [max_positions, dim]."""
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-    angles = torch.arange(max_positions, dtype=torch.float32).unsqueeze(1) * inv_freq
-    table = torch.zeros(max_positions, dim)
-    table[:, 0::2] = angles.sin()
-    table[:, 1::2] = angles.cos()[:, : table[:, 1::2].shape[1]]
-    return table
+    """The fixed sin/cos position table of "Attention Is All You Need": [max_positions, dim].
+
+    GPT-NeoX's layout: the sines of all ceil(dim / 2) frequencies first, then their cosines
+    (not interleaved), frequency j being 10000 ** (-2j / dim), computed in fp32. For an odd
+    `dim` GPT-NeoX's table has dim + 1 columns and adding it to the hidden state fails; here it
+    is cut to `dim` columns, dropping the last cosine.
+    """
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))  # [f]
+    angles = torch.arange(max_positions, dtype=torch.float32).unsqueeze(1) * inv_freq  # [p, f]
+    return torch.cat((angles.sin(), angles.cos()), dim=-1)[:, :dim].contiguous()  # [p, dim]
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 
 from megatron.data.splits import (get_train_valid_test_split, parse_split,
                                   split_document_ranges, weights_by_num_documents)
+from megatron.neox_arguments.sections.data import DataArgs
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_parse_split_forms():
@@ -43,3 +49,27 @@ def test_weights_by_num_documents():
     assert weights_by_num_documents([10, 0], 1.0) == pytest.approx([1.0, 0.0])
     with pytest.raises(ValueError, match="not all 0"):
         weights_by_num_documents([0, 0], 1.0)
+
+
+def test_document_weights_are_gpt_neox_formula_not_the_document_share():
+    # GPT-NeoX's weights_by_num_docs: alpha 1 does not reproduce the shares [0.9, 0.1]
+    assert weights_by_num_documents([900, 100], 1.0) == pytest.approx([0.5, 0.5])
+    # w_i = p_i ** alpha * (1 - p_i), normalised; here computed for three datasets
+    counts, alpha = [700, 200, 100], 0.3
+    shares = [n / 1000 for n in counts]
+    raw = [p ** alpha * (1 - p) for p in shares]
+    expected = [w / sum(raw) for w in raw]
+    assert weights_by_num_documents(counts, alpha) == pytest.approx(expected, rel=1e-12)
+    assert expected == pytest.approx([0.2220, 0.4065, 0.3715], abs=1e-4)
+    assert weights_by_num_documents([900, 100], 0.5) == pytest.approx([0.25, 0.75])
+
+
+def test_documentation_states_the_formula_the_weights_follow():
+    fields = {f.name: f.metadata["doc"] for f in dataclasses.fields(DataArgs)}
+    option_doc = fields["weight_by_num_documents"]
+    page = " ".join((ROOT / "docs" / "data.md").read_text().split())
+    assert "w_i = p_i ** weighted_sampler_alpha * (1 - p_i), normalised" in option_doc
+    assert "[900, 100] documents weights [0.5, 0.5]" in option_doc
+    assert "`w_i = p_i ** alpha * (1 - p_i)`, normalised to sum 1" in page
+    assert "datasets of 900 and 100 documents get 0.5 each" in page
+    assert "counts raised to" not in option_doc + page

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer
 
+from megatron.neox_arguments import NeoXArgs
 from megatron.tokenizer import TOKENIZERS, build_tokenizer
+from megatron.training.memory_check import padded_vocab
 from megatron.tokenizer.train_bpe import train_bpe_tokenizer
 
 TEXTS = ["Hello, world!\n\tIndented line", "café 東京 🙂 naïve", "", "  two  spaces  "]
@@ -135,3 +139,58 @@ def test_a_tokenizer_file_not_given_is_asked_for_by_its_key_and_the_tools_flag()
     with pytest.raises(ValueError, match=r"GPT2BPETokenizer needs a merge file \(merges.txt\); set "
                                          r"merge_file in the config \(--merge-file"):
         build_tokenizer("GPT2BPETokenizer", __file__, None)
+
+
+GPT2_JSON = Path("/work/shared/data/gpt2-tokenizer.json")  # checked against when present
+GPT2_FIRST_MERGES = ["Ġ t", "Ġ a", "h e", "i n", "r e", "o n", "Ġt he"]  # ids 256..262
+
+
+def gpt2_byte_alphabet() -> list[str]:
+    """GPT-2's 256 byte symbols in its id order: printable Latin-1 bytes stand for themselves,
+    the others (control bytes, space, 127-160, 173) for chr(256 + k) in byte order."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    moved = [b for b in range(256) if b not in kept]
+    return [chr(b) for b in kept] + [chr(256 + k) for k in range(len(moved))]
+
+
+@pytest.fixture
+def gpt2_shaped_files(tmp_path):
+    """vocab.json of GPT-2's shape (50257 entries, "<|endoftext|>" last at 50256) and merges.txt
+    with GPT-2's first merges; the entries between are fillers no merge reaches."""
+    tokens = gpt2_byte_alphabet() + [m.replace(" ", "") for m in GPT2_FIRST_MERGES]
+    tokens += [f"<filler{i}>" for i in range(50256 - len(tokens))] + ["<|endoftext|>"]
+    vocab, merges = tmp_path / "vocab.json", tmp_path / "merges.txt"
+    vocab.write_text(json.dumps({t: i for i, t in enumerate(tokens)}), encoding="utf-8")
+    merges.write_text("#version: 0.2\n" + "\n".join(GPT2_FIRST_MERGES) + "\n", encoding="utf-8")
+    return str(vocab), str(merges)
+
+
+def gpt2_run_config(vocab: str, merges: str, tp: int) -> NeoXArgs:
+    return NeoXArgs.from_dict({
+        "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
+        "max_position_embeddings": 32, "train_iters": 10, "train_micro_batch_size_per_gpu": 2,
+        "tokenizer_type": "GPT2BPETokenizer", "vocab_file": vocab, "merge_file": merges,
+        "model_parallel_size": tp,
+    }, source="test", world_size=tp)
+
+
+def test_gpt2_sized_vocabulary_ids_and_padding(gpt2_shaped_files):
+    vocab, merges = gpt2_shaped_files
+    tok = build_tokenizer("GPT2BPETokenizer", vocab, merges)
+    assert (tok.vocab_size, tok.eod, tok.pad) == (50257, 50256, 50256)
+    # GPT-2's ids: "t" 83, "he" 258, "Ġthe" 262; the end-of-document text is one token
+    assert tok.tokenize("the the<|endoftext|>") == [83, 258, 262, 50256]
+    assert tok.detokenize([83, 258, 262, 50256]) == "the the<|endoftext|>"
+    # a multiple of make_vocab_size_divisible_by (128) * model_parallel_size, as GPT-NeoX pads
+    assert padded_vocab(gpt2_run_config(vocab, merges, 1)) == 50304
+    assert padded_vocab(gpt2_run_config(vocab, merges, 2)) == 50432
+    if GPT2_JSON.exists():  # GPT-2's own files give the ids of GPT-2's tokenizer.json
+        Tokenizer.from_file(str(GPT2_JSON)).model.save(str(Path(vocab).parent), "real")
+        real = build_tokenizer("GPT2BPETokenizer", str(Path(vocab).parent / "real-vocab.json"),
+                               str(Path(vocab).parent / "real-merges.txt"))
+        reference = build_tokenizer("HFTokenizer", str(GPT2_JSON))
+        assert (real.vocab_size, real.eod, real.pad) == (50257, 50256, 50256)
+        assert real.tokenize("Hello world, the cat") == [15496, 995, 11, 262, 3797]
+        for text in [*TEXTS, "the the<|endoftext|> next document"]:
+            assert real.tokenize(text) == reference.tokenize(text)
+        assert real.tokenize("the the")[-1] == 262 and real.tokenize("he")[0] == 258

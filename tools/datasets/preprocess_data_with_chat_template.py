@@ -29,7 +29,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     group = parser.add_argument_group("input data")
     group.add_argument("--input", required=True,
-                       help="jsonl(.gz) files or folders, comma-separated")
+                       help="jsonl(.gz/.zst) files or folders, comma-separated")
     group.add_argument("--jsonl-keys", nargs="+", default=["conversation"],
                        help="keys holding a conversation, one output per key")
     group.add_argument("--no-mask", action="store_true",

@@ -12,6 +12,9 @@ models without a chat template; GPT-NeoX's flags, plus prompt/completion records
         --tokenizer-type HFTokenizer --vocab-file tokenizer.json --append-eod \
         --output-prefix data/sft/train
     # writes data/sft/train_text_document and data/sft/train_label_document
+
+--ftfy fixes each text with ftfy.fix_text before tokenizing; it and .zst inputs need
+`pip install -r requirements/requirements-data.txt`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import sys
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 from megatron.data.mask_preprocess import MaskRule, preprocess_masked  # noqa: E402
+from megatron.data.preprocess import require_package  # noqa: E402
 from megatron.entry import run_entry  # noqa: E402
 from megatron.tokenizer import TOKENIZERS, build_tokenizer  # noqa: E402
 
@@ -36,11 +40,29 @@ def token_ids(text: str) -> tuple[int, ...]:
     return tuple(int(i) for i in ids)
 
 
+class FixedTextTokenizer:
+    """`tokenizer` with every text run through ftfy.fix_text before it is tokenized (--ftfy)."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self._fix_text = require_package("ftfy", "--ftfy").fix_text
+
+    def tokenize(self, text: str) -> list[int]:
+        return self._tokenizer.tokenize(self._fix_text(text))
+
+    def tokenize_batch(self, texts: list[str]) -> list:
+        return self._tokenizer.tokenize_batch([self._fix_text(t) for t in texts])
+
+    def __getattr__(self, name: str):  # eod, vocab_size, ... of the wrapped tokenizer
+        return getattr(self._tokenizer, name)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     group = parser.add_argument_group("input data")
     group.add_argument("--input", required=True,
-                       help="jsonl(.gz) or txt files or folders, comma-separated")
+                       help="jsonl(.gz/.zst), json.zst or txt files or folders, "
+                            "comma-separated")
     group.add_argument("--jsonl-keys", nargs="+", default=["text"],
                        help="jsonl fields to tokenize (the label file follows the first)")
     group.add_argument("--mask-before-token", default=None,
@@ -57,7 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     group.add_argument("--append-eod", action="store_true",
                        help="append the end-of-document token (it carries loss)")
     group.add_argument("--ftfy", action="store_true",
-                       help="accepted for GPT-NeoX's command lines and refused: fix text first")
+                       help="fix each text with ftfy.fix_text before tokenizing")
     group = parser.add_argument_group("output data")
     group.add_argument("--output-prefix", required=True,
                        help="writes {prefix}_{key}_document and {prefix}_label_document")
@@ -67,12 +89,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.ftfy:
-        raise ValueError("--ftfy is not supported: fix the text's encoding before preprocessing")
     rule = MaskRule(mask_before=token_ids(args.mask_before_token) if args.mask_before_token
                     else (), prompt_key=args.prompt_key, completion_key=args.completion_key,
                     append_eod=args.append_eod)
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file)
+    if args.ftfy:
+        tokenizer = FixedTextTokenizer(tokenizer)
     result = preprocess_masked(args.input, args.output_prefix, tokenizer, rule, args.jsonl_keys,
                                num_docs=args.num_docs)
     for name, prefix in result.prefixes.items():

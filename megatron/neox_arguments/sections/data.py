@@ -34,10 +34,12 @@ class DataArgs:
     )
     weight_by_num_documents: bool = option(
         False,
-        "Replace the blend weights by document counts raised to weighted_sampler_alpha.",
+        "Replace the blend weights by w_i = p_i ** weighted_sampler_alpha * (1 - p_i), "
+        "normalised, p_i being dataset i's share of the documents (GPT-NeoX's formula; alpha 1 "
+        "gives [900, 100] documents weights [0.5, 0.5]).",
     )
     weighted_sampler_alpha: float = option(
-        1.0, "Exponent for weight_by_num_documents; below 1 boosts small datasets."
+        1.0, "Exponent alpha of weight_by_num_documents; a smaller alpha boosts small datasets."
     )
     split: str = option(
         "969, 30, 1", "Train, valid, test proportions of data_path, e.g. \"949,50,1\"."

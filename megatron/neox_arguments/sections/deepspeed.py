@@ -54,7 +54,7 @@ class DeepSpeedArgs:
     zero_optimization: dict = option(
         {"stage": 0},
         "DeepSpeed ZeRO options as DeepSpeed documents them; stage 0-3 (2 and 3 need "
-        "pipe_parallel_size < 2).",
+        "pipe_parallel_size 0: DeepSpeed's pipeline engine takes stage 0 and 1 only).",
     )
     fp16: dict | None = option(
         None,

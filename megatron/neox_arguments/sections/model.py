@@ -72,7 +72,8 @@ class ModelArgs:
     init_method: str = option(
         "normal",
         "Init of all weights except residual-output projections: normal, scaled_normal, "
-        "orthogonal, scaled_orthogonal, xavier_uniform, xavier_normal, wang_init, small_init.",
+        "single_residual_scaled_normal, orthogonal (gain sqrt(2)), scaled_orthogonal (gain "
+        "sqrt(2 / num_layers)), xavier_uniform, xavier_normal, wang_init, small_init.",
     )
     output_layer_init_method: str = option(
         "scaled_normal",
