@@ -65,6 +65,9 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
     if name not in LOADING_SCRIPTS and name not in MEMORY_SCRIPTS:
         return
     if name == "train.py":
+        from megatron.checkpointing.fine_tune import resume_fine_tune
+
+        args = resume_fine_tune(args)  # a fine-tune run again resumes from its own checkpoint
         _check_training_inputs(args)
         _check_tasks_in_training(args)
     for key, directory in _output_directories(args, name):
@@ -117,6 +120,8 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
     # a checkpoint written from weights alone (e.g. converted from Hugging Face) has no schedule
     if name == "train.py" and not ck.no_load_optim and manifest.contents.get("engine", True):
         _check_schedule(args, step_dir)
+    if name == "train.py":
+        _note_sequence_change(args, step_dir)
 
 
 def _check_shape(args, saved: dict, step_dir: Path) -> None:
@@ -353,6 +358,25 @@ def _check_vocab(args, tokenizer, saved: int | None, step_dir: Path) -> None:
     tp = args.parallelism.model_parallel_size
     default = padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by, tp)
     resumed_vocab(default, saved, tp, tokenizer.vocab_size, step_dir)
+
+
+def _note_sequence_change(args, step_dir: Path) -> None:
+    """A resumed run at another seq_length goes on (GPT-NeoX's behaviour: context extension is
+    done so), but its samples are cut anew: say that the data order does not continue."""
+    from megatron.checkpointing.layout import CONFIG_NAME
+    from megatron.monitoring.logger import get_logger
+    from megatron.neox_arguments import NeoXArgs
+
+    config = step_dir / CONFIG_NAME
+    if not config.is_file():
+        return
+    saved, now = NeoXArgs.from_yml_saved(config).model.seq_length, args.model.seq_length
+    if saved != now:
+        get_logger(__name__).warning(
+            "seq_length changes from %d (checkpoint %s) to %d: training goes on from the "
+            "checkpoint's iteration and sample count, but the samples are cut anew at %d "
+            "tokens, so the data does not continue where the checkpoint's samples stopped",
+            saved, step_dir, now, now)
 
 
 def _check_schedule(args, step_dir: Path) -> None:

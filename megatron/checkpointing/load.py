@@ -40,7 +40,7 @@ NO_VALID_ADVICE = ("Restore the files from a backup, pick another with iteration
                    "`load` to start from scratch")
 
 
-def load_checkpoint(engine, ck, advice: str = NO_VALID_ADVICE) -> dict:
+def load_checkpoint(engine, ck, advice: str = NO_VALID_ADVICE, resharding: bool = False) -> dict:
     """Load `ck.load` (its newest valid checkpoint, or the chosen `ck.iteration`) into the
     engine; `ck` is the checkpoint section of the config, `engine.run` describes the run.
 
@@ -84,7 +84,7 @@ def load_checkpoint(engine, ck, advice: str = NO_VALID_ADVICE) -> dict:
                 _loud(damaged(root / skipped, problems))
             _loud(f"loading {root / tag} instead, the newest checkpoint that verifies "
                   f"(skipped: {', '.join(t for t, _ in rejected)})")
-        return _load(engine, ck, root, tag, manifest, changes)
+        return _load(engine, ck, root, tag, manifest, changes, resharding)
     raise NoValidCheckpointError(
         f"no checkpoint in {root} can be loaded:\n"
         + "\n".join(f"  {tag}:\n    - " + "\n    - ".join(p) for tag, p in rejected)
@@ -107,7 +107,8 @@ def _agreed_candidates(root: Path, iteration: int | None) -> list[str]:
     return candidates
 
 
-def _load(engine, ck, root: Path, tag: str, manifest: Manifest, changes: list[str]) -> dict:
+def _load(engine, ck, root: Path, tag: str, manifest: Manifest, changes: list[str],
+          resharding: bool) -> dict:
     has_optimizer = bool(manifest.contents.get("optimizer", True))
     keep_fresh = bool(ck.finetune or ck.no_load_optim)
     if not has_optimizer and not keep_fresh and collectives.rank() == 0:
@@ -120,7 +121,7 @@ def _load(engine, ck, root: Path, tag: str, manifest: Manifest, changes: list[st
     if changes or expert_parallel or not manifest.contents.get("engine", True):
         # (expert parallelism, even at the same layout: checkpointing/expert_files.py)
         _load_resharded(engine, ck, root / tag, manifest, changes,
-                        load_optimizer=has_optimizer and not keep_fresh)
+                        load_optimizer=has_optimizer and not keep_fresh, resharding=resharding)
         if not (changes or ck.finetune or ck.no_load_rng):
             _restore_rng(engine, root / tag, manifest)
     else:
@@ -137,7 +138,7 @@ def _load(engine, ck, root: Path, tag: str, manifest: Manifest, changes: list[st
 
 
 def _load_resharded(engine, ck, directory: Path, manifest: Manifest, changes: list[str],
-                    load_optimizer: bool) -> None:
+                    load_optimizer: bool, resharding: bool = False) -> None:
     """Every rank reads the full state and takes its part (reshard.py)."""
     wanted = reshard.local_names(engine)
     # the optimizer files are read whenever they exist: their fp32 master copies are the exact
@@ -155,11 +156,11 @@ def _load_resharded(engine, ck, directory: Path, manifest: Manifest, changes: li
     if not changes and manifest.contents.get("engine", True):
         log.info("loaded %s through its layout-free state (expert parallelism)", directory)
         return
-    said = (f"resharded {directory} into this run's layout ("
-            + ("; ".join(changes) or "written without a training engine")
-            + "): " + ("weights, optimizer state" if full.has_optimizer and load_optimizer
-                       else "weights") + " loaded; random generators keep their seeded state")
-    if ck.finetune:  # a fine-tune starts afresh anyway: what it loaded, not a caveat
+    what = ("weights, optimizer state" if full.has_optimizer and load_optimizer
+            else "weights") + " loaded; random generators keep their seeded state"
+    said = (f"resharded {directory} into this run's layout ({'; '.join(changes)}): {what}"
+            if changes else f"loaded {directory}, written without a training engine: {what}")
+    if ck.finetune or resharding:  # asked for: what it loaded, not a caveat
         if collectives.rank() == 0:
             log.info("%s", said)
     else:

@@ -39,7 +39,7 @@ def describe_checkpoint(path: Path, iteration: int | None = None, verify: bool =
              f"iteration {manifest.iteration}" + (f", consumed samples {consumed}"
                                                   if consumed is not None else ""),
              f"layout: {layout}", f"model: {shape}", f"holds: {', '.join(held)}",
-             f"files: {len(manifest.files)}, {manifest.total_bytes / 2**20:.1f} MiB",
+             _files_line(step, manifest),
              "written with " + ", ".join(f"{k} {v}" for k, v in manifest.versions.items())]
     if neox_format.is_neox(manifest):
         problems = neox_format.verify(step, manifest)
@@ -55,6 +55,18 @@ def describe_checkpoint(path: Path, iteration: int | None = None, verify: bool =
                   "sizes checked (--verify also hashes every file)") if not problems else
                  f"{len(problems)} problem(s)")
     return lines, problems
+
+
+def _files_line(step: Path, manifest) -> str:
+    """The file count and size the manifest records, and the size on disk where it differs
+    (a truncated or missing file)."""
+    recorded = manifest.total_bytes
+    on_disk = sum((step / name).stat().st_size for name in manifest.files
+                  if (step / name).is_file())
+    line = f"files: {len(manifest.files)}, {recorded / 2**20:.1f} MiB"
+    if on_disk != recorded:
+        line += f" recorded, {on_disk / 2**20:.1f} MiB on disk ({on_disk - recorded:+,} bytes)"
+    return line
 
 
 def _unused(key: str, run: dict) -> bool:

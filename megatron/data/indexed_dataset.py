@@ -158,6 +158,23 @@ def float_dtype(code: int, sizes: np.ndarray, pointers: np.ndarray, bin_bytes: i
     return np.float32 if width == 4 else np.float64
 
 
+def _missing_pair(path: str, idx_path: str, bin_path: str, missing: list[str]) -> str:
+    """What to do about a prefix whose .idx / .bin is missing: the prefix meant (a path given
+    with its extension), where a relative path was looked for, how to make the pair."""
+    text = (f"indexed dataset {path!r} needs both {idx_path} and {bin_path}; missing: "
+            f"{', '.join(missing)}.")
+    stem, ext = os.path.splitext(path)
+    if ext in (".bin", ".idx") and all(os.path.isfile(stem + e) for e in (".bin", ".idx")):
+        return f"{text} Did you mean {stem!r}? Give the prefix, without .bin or .idx."
+    if not os.path.isabs(path):
+        text += f" (relative paths start at the working directory, {os.getcwd()})"
+    if os.path.basename(path) == "builtin_text_document":
+        return (f"{text} Make the built-in dataset with python tools/datasets/prepare_data.py "
+                f"builtin -d {os.path.dirname(os.path.dirname(path)) or '.'}")
+    return (f"{text} Pass the prefix without the extension, and create the pair with "
+            "tools/datasets/preprocess_data.py.")
+
+
 class TokenFileChanged(RuntimeError):
     """A token file's size no longer matches its index while the dataset reads it (A16)."""
 
@@ -186,11 +203,7 @@ class MMapIndexedDataset:
         idx_path, bin_path = index_file_path(self._path), data_file_path(self._path)
         missing = [p for p in (idx_path, bin_path) if not os.path.isfile(p)]
         if missing:
-            raise FileNotFoundError(
-                f"indexed dataset {self._path!r} needs both {idx_path} and {bin_path}; missing: "
-                f"{', '.join(missing)}. Pass the prefix without the extension, and create the "
-                "pair with tools/datasets/preprocess_data.py."
-            )
+            raise FileNotFoundError(_missing_pair(self._path, idx_path, bin_path, missing))
         self._idx_file = open(idx_path, "rb", buffering=0)
         self._bin_file = open(bin_path, "rb", buffering=0)
         code, n, d = _read_header(self._idx_file, idx_path)

@@ -63,8 +63,13 @@ def unreachable(host: str, port: int, seconds: float = CONNECT_SECONDS) -> str |
 
 def offline_env(eval_tasks, environ) -> dict[str, str]:
     """The variables that start the workers in the Hub's offline mode, when they run lm-eval
-    tasks, the user has not chosen a mode, and the Hub cannot be reached from here; else {}."""
+    tasks that may need the Hub (not only task files reading local data), the user has not
+    chosen a mode, and the Hub cannot be reached from here; else {}."""
+    from megatron.evaluation.tasks import reads_only_local_files
+
     if not eval_tasks or any(environ.get(v) for v in OFFLINE_VARS):
+        return {}
+    if reads_only_local_files(list(eval_tasks)):
         return {}
     host, port, what = route(hub_endpoint(environ), environ)
     why = unreachable(host, port)

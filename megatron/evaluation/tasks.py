@@ -72,6 +72,30 @@ def check_eval_settings(ev) -> None:
         raise ValueError(f"eval_limit({ev.eval_limit}) must be positive (or null for all)")
 
 
+def reads_only_local_files(entries: list[str]) -> bool:
+    """Whether every task in `entries` is a task YAML given by path (a file, or a directory of
+    them) that reads local files (dataset_path json, csv, ...): then lm-eval needs nothing from
+    the Hugging Face Hub. A task named (registry, eval_include_path) may need it."""
+    files: list[Path] = []
+    for entry in entries:
+        path = Path(entry)
+        if entry.endswith((".yaml", ".yml")) and path.is_file():
+            files.append(path)
+        elif path.is_dir():
+            files += sorted(path.glob("**/*.yaml"))
+        else:
+            return False
+    for path in files:
+        try:
+            doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_TaskYamlLoader)
+        except (OSError, yaml.YAMLError):
+            return False
+        if not isinstance(doc, dict) or "include" in doc or \
+                doc.get("dataset_path") not in LOCAL_FILE_BUILDERS:
+            return False
+    return bool(files)
+
+
 def resolve_task_entries(entries: list[str], include_paths: list[str] | None
                          ) -> tuple[list[str], list[str]]:
     """(task names to run, directories to add to lm-eval's include path)."""

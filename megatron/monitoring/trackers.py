@@ -60,11 +60,57 @@ def _jsonable(value):
     return value
 
 
+METRICS_FILE = "metrics.jsonl"
+
+
+def set_aside_later_records(path: Path, start_iteration: int) -> Path | None:
+    """Before training writes to metrics.jsonl from `start_iteration` on: when the file holds
+    records past it (an earlier run in the same log_dir, when a run starts at 0; the steps after
+    the checkpoint a run resumes from, which it does again), move the file to
+    metrics.<date>.jsonl, keep the records up to `start_iteration` in metrics.jsonl, and say so.
+    Returns where the old file went, or None when nothing moved."""
+    if not path.is_file():
+        return None
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept, later = [], 0
+    for line in lines:
+        try:
+            iteration = json.loads(line).get("iteration")
+        except (ValueError, AttributeError):
+            iteration = None  # a line cut by a crash: kept with the old file only
+        if start_iteration and isinstance(iteration, int) and iteration <= start_iteration:
+            kept.append(line)
+        elif line.strip():
+            later += 1
+    if not later:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    moved = path.with_name(f"{path.stem}.{stamp}{path.suffix}")
+    n = 1
+    while moved.exists():
+        n += 1
+        moved = path.with_name(f"{path.stem}.{stamp}-{n}{path.suffix}")
+    os.replace(path, moved)
+    path.write_text("".join(kept), encoding="utf-8")
+    if start_iteration == 0:
+        log.info("%s holds %d records of an earlier run; they are kept in %s, and this run "
+                 "starts a new %s", path, later, moved.name, path.name)
+    else:
+        log.info("%s holds %d records past iteration %d (steps after the checkpoint this run "
+                 "resumes from, done again now); the file as it was is kept in %s, and %s keeps "
+                 "the %d records up to iteration %d", path, later, start_iteration, moved.name,
+                 path.name, len(kept), start_iteration)
+    return moved
+
+
 class MetricsTracker:
     """Fan one dict of metrics per log step out to every configured sink."""
 
     def __init__(self, log_dir: str | None, tensorboard_dir: str | None, wandb_cfg: dict | None,
-                 run_config: dict, enabled: bool, comet_cfg: dict | None = None):
+                 run_config: dict, enabled: bool, comet_cfg: dict | None = None,
+                 start_iteration: int | None = None):
+        """`start_iteration`: training's, which sets aside the records metrics.jsonl holds past
+        it (set_aside_later_records)."""
         self.enabled = enabled
         self._jsonl = None
         self._tb = None
@@ -74,7 +120,10 @@ class MetricsTracker:
             return
         if log_dir:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
-            self._jsonl = open(Path(log_dir) / "metrics.jsonl", "a", encoding="utf-8")
+            path = Path(log_dir) / METRICS_FILE
+            if start_iteration is not None:
+                set_aside_later_records(path, start_iteration)
+            self._jsonl = open(path, "a", encoding="utf-8")
         if tensorboard_dir:
             self._tb = _open_tensorboard(tensorboard_dir)
         if wandb_cfg is not None:
@@ -83,7 +132,8 @@ class MetricsTracker:
             self._comet = _open_comet(comet_cfg, run_config)
 
     @classmethod
-    def from_args(cls, args, enabled: bool) -> "MetricsTracker":
+    def from_args(cls, args, enabled: bool,
+                  start_iteration: int | None = None) -> "MetricsTracker":
         """The trackers the run config's logging section asks for."""
         lg = args.logging
         wandb_cfg = comet_cfg = None
@@ -96,7 +146,7 @@ class MetricsTracker:
                          "name": lg.comet_experiment_name, "tags": lg.comet_tags,
                          "others": lg.comet_others, "log_dir": lg.log_dir}
         return cls(lg.log_dir, lg.tensorboard_dir, wandb_cfg, args.to_dict(), enabled=enabled,
-                   comet_cfg=comet_cfg)
+                   comet_cfg=comet_cfg, start_iteration=start_iteration)
 
     def log(self, metrics: dict, step: int, console: str | None = None) -> None:
         """Record `metrics` at iteration `step`; `console` is the human line printed with them."""

@@ -133,6 +133,9 @@ def parse_overrides(overrides: Iterable[str] | Mapping[str, Any] | None) -> dict
 def _nearest(key: str) -> str:
     names = list(FIELD_TYPES) + list(RENAMED)
     close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)
+    if close:  # only names about as close as the closest (hiden_size: not batch_size)
+        best = difflib.SequenceMatcher(None, key, close[0]).ratio()
+        close = [c for c in close if difflib.SequenceMatcher(None, key, c).ratio() >= best - 0.1]
     if close:
         return f"Did you mean: {', '.join(close)}?"
     return "No valid key is close to it; every key is listed in configs/README.md."

@@ -178,6 +178,9 @@ def _interactive(sampler: _Sampler, stdin: TextIO, stdout: TextIO) -> list[dict]
             line = line.rstrip("\n") if line else None
         line = _broadcast(line)
         if line is None:
+            if rt.replicas.writer:
+                stdout.write("\n")  # after the last prompt>, so what follows starts a line
+                stdout.flush()
             return records
         try:
             sampler.check_lengths([len(sampler.encode(line))], index)
@@ -189,7 +192,7 @@ def _interactive(sampler: _Sampler, stdin: TextIO, stdout: TextIO) -> list[dict]
         index += 1
         records.append(record)
         if rt.replicas.writer:
-            stdout.write(record["text"] + "\n")
+            stdout.write(f"generated> {record['text']}\n")
             stdout.flush()
             _write([record], out_file, "a")
 

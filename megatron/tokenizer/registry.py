@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Callable
 
 from megatron.monitoring.logger import get_logger
@@ -61,6 +63,14 @@ def build_tokenizer(tokenizer_type: str, vocab_file: str | None = None,
         raise ValueError(f"unknown tokenizer_type {tokenizer_type!r}; valid types: "
                          f"{', '.join(TOKENIZERS)}")
     tokenizer = TOKENIZERS[name](vocab_file, merge_file)
-    logger.info("built %s: vocab_size %d, eod %d, pad %d", name, tokenizer.vocab_size,
-                tokenizer.eod, tokenizer.pad)
+    # said once per process and files, and not again by the workers deepy.py started (it said
+    # it before launching them; megatron.launching.stopping.LAUNCH_ID_VAR marks them)
+    key = (name, vocab_file, merge_file)
+    quiet = key in _ANNOUNCED or bool(os.environ.get("NEOX_LAUNCH_ID"))
+    _ANNOUNCED.add(key)
+    logger.log(logging.DEBUG if quiet else logging.INFO, "built %s: vocab_size %d, eod %d, "
+               "pad %d", name, tokenizer.vocab_size, tokenizer.eod, tokenizer.pad)
     return tokenizer
+
+
+_ANNOUNCED: set[tuple] = set()

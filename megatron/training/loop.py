@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 
 from megatron.checkpointing import load_checkpoint, save_checkpoint, should_save
+from megatron.checkpointing.fine_tune import (FINE_TUNED_FROM, fine_tune_record,
+                                              resume_fine_tune)
 from megatron.checkpointing.layout import iteration_of, read_latest
 from megatron.checkpointing.locate import newest_good_iteration
 from megatron.checkpointing.model_shape import vocab_for_run
@@ -60,6 +62,7 @@ class RunState:
     data_fingerprints: dict = field(default_factory=dict)
     last_loss: float | None = None  # of the last step, recorded in the manifest
     reference: dict | None = None  # where DPO/KTO's reference model is read from
+    fine_tuned_from: dict | None = None  # the checkpoint a fine-tune started from
 
     def clear_interval(self) -> None:
         """Start a new log interval."""
@@ -72,6 +75,8 @@ class RunState:
                  "data_fingerprints": self.data_fingerprints, "last_loss": self.last_loss}
         if self.reference is not None:
             state[REFERENCE_KEY] = self.reference
+        if self.fine_tuned_from is not None:
+            state[FINE_TUNED_FROM] = self.fine_tuned_from
         return state
 
 
@@ -89,6 +94,7 @@ def pretrain(args) -> RunState:
     try:
         with run_lock(args.checkpoint.save), \
                 watchdog.running(args, dist.get_rank(), dist.get_world_size()):  # A33, A4
+            args = resume_fine_tune(args, announce=dist.get_rank() == 0)
             return _pretrain(args.with_world_size(dist.get_world_size()))
     finally:
         destroy_distributed()
@@ -103,7 +109,7 @@ def _host_memory() -> None:
     if get_accelerator().device_name() == "cpu":
         line = keep_freed_memory()
         if line and dist.get_rank() == 0:
-            log.info("%s", line)
+            log.debug("%s", line)  # a detail of the CPU runtime: log_level debug shows it
 
 
 def setup_engine(args):
@@ -155,6 +161,7 @@ def _pretrain(args) -> RunState:
     train, valid = implied_position(args, state.iteration)
     state.consumed_train_samples = int(resumed.get("consumed_train_samples", train))
     state.consumed_valid_samples = int(resumed.get("consumed_valid_samples", valid))
+    state.fine_tuned_from = fine_tune_record(resumed, bool(args.checkpoint.finetune))
     check_ranks_agree(state)
     if resumed and state.iteration >= args.training.train_iters:
         print_rank_0(_nothing_to_train(args, state.iteration))
@@ -179,7 +186,7 @@ def _pretrain(args) -> RunState:
                                       topology.dp, **batches)
     def test_iter():  # built at the end: its loader workers start only then
         return micro_batch_iterator(test_ds, 0, args, coords.data, topology.dp, **batches)
-    tracker = MetricsTracker.from_args(args, enabled=rank == 0)
+    tracker = MetricsTracker.from_args(args, enabled=rank == 0, start_iteration=state.iteration)
     print_rank_0(f"training {model_config.num_layers} layers x {model_config.hidden_size} hidden, "
                  f"{sum(p.numel() for p in engine.engine.module.parameters()):,} parameters on this "
                  f"rank, {topology.describe()}, from iteration "

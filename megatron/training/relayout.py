@@ -54,7 +54,7 @@ def _reshard(args) -> Path:
         bar.update()
         resumed = load_checkpoint(engine, args.checkpoint, advice=(
             "Restore the files from a backup, or reshard another checkpoint with "
-            "iteration=<N>"))
+            "iteration=<N>"), resharding=True)
         if not resumed:
             raise FileNotFoundError(f"no checkpoint to reshard in {args.checkpoint.load}")
         bar.update()

@@ -145,6 +145,8 @@ def assert_resharded_and_resumes(gpt2_sized, tp2, tmp_path: Path, tp: int) -> st
     out = tmp_path / f"tp{tp}"
     proc = reshard(gpt2_sized, tp2_root, out, tp)
     assert proc.returncode == 0, explain(proc)
+    said = [line for line in proc.stderr.splitlines() if "resharded " in line]
+    assert said and all("[INFO]" in line for line in said), said  # what was asked: no warning
     run = manifest_run(out / f"global_step{RESUME_FROM}")
     assert (run["tp"], run["padded_vocab_size"]) == (tp, PADDED)
     assert_same_state(full_state(tp2_root, f"global_step{RESUME_FROM}"), full_state(out))

@@ -46,10 +46,13 @@ def test_damage_is_named_file_by_file(save_dir, capsys):
     data[len(data) // 2] ^= 0xFF
     flipped.write_bytes(bytes(data))
     truncated = step / "layer_00-model_00-model_states.pt"
+    lost = truncated.stat().st_size - 100
     truncated.write_bytes(truncated.read_bytes()[:100])
     assert inspect_checkpoint.main([str(step)]) == 1  # sizes only: the truncation
     out = capsys.readouterr().out
     assert f"{truncated}: 100 bytes" in out and str(flipped) not in out
+    files = next(line for line in out.splitlines() if line.startswith("files: "))
+    assert files.endswith(f" MiB on disk ({-lost:+,} bytes)"), files  # not only the recorded
     assert inspect_checkpoint.main([str(save_dir), "--iteration", "3", "--verify"]) == 1
     out = capsys.readouterr().out
     assert "2 problem(s)" in out and f"{flipped}: sha256" in out

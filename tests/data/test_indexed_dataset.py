@@ -103,6 +103,23 @@ def test_missing_partner_names_both_paths(small_dataset):
     assert "missing: " + data_file_path(prefix) in message
 
 
+def test_a_missing_pair_says_what_was_meant_and_where_it_was_looked_for(tmp_path, monkeypatch):
+    prefix = str(tmp_path / "corpus_text_document")
+    builder = MMapIndexedDatasetBuilder(data_file_path(prefix), dtype=np.uint16)
+    builder.add_item([1, 2])
+    builder.end_document()
+    builder.finalize(index_file_path(prefix))
+    with pytest.raises(FileNotFoundError) as err:  # the prefix given with its extension
+        MMapIndexedDataset(prefix + ".bin")
+    assert str(err.value).endswith(f"Did you mean {prefix!r}? Give the prefix, without .bin or "
+                                   ".idx.")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as err:  # relative to another working directory
+        MMapIndexedDataset("data/builtin/builtin_text_document")
+    assert (f"(relative paths start at the working directory, {tmp_path}) Make the built-in "
+            "dataset with python tools/datasets/prepare_data.py builtin -d data") in str(err.value)
+
+
 def test_truncated_bin_is_refused_with_expected_and_found_sizes(small_dataset):
     prefix, docs, _ = small_dataset
     size = os.path.getsize(data_file_path(prefix))

@@ -113,8 +113,14 @@ def test_generate_until_equals_a_plain_greedy_loop_cut_at_the_stop_string(lm):
 
 def test_a_launch_with_two_replicas_writes_the_harness_results(trained, harness, tmp_path):
     prefix = tmp_path / "results" / "tiny"
+    # a task file giving no aggregation: lm-eval warns about it on each rank
+    bare = (TASKS / "tiny_mc.yaml").read_text().replace("task: tiny_mc", "task: bare_mc")
+    bare = "\n".join(line for line in bare.splitlines()
+                     if "aggregation" not in line and "higher_is_better" not in line)
+    (tmp_path / "bare_mc.yaml").write_text(bare + "\n")
     proc = deepy("eval.py", str(ROOT / "configs/tiny.yml"), *trained["overrides"], "num_gpus=2",
-                 f"eval_tasks=[{TASKS / 'tiny_mc.yaml'}, {TASKS}]", "eval_bootstrap_iters=0",
+                 f"eval_tasks=[{TASKS / 'tiny_mc.yaml'}, {TASKS}, {tmp_path / 'bare_mc.yaml'}]",
+                 "eval_bootstrap_iters=0",
                  f"eval_results_prefix={prefix}", f"log_dir={tmp_path / 'logs'}",
                  f"master_port={free_port()}", "distributed_timeout_minutes=1", "eval_batch_size=2")
     assert proc.returncode == 0, explain(proc)
@@ -128,13 +134,15 @@ def test_a_launch_with_two_replicas_writes_the_harness_results(trained, harness,
     logged = [json.loads(line) for line in open(tmp_path / "logs" / "metrics.jsonl")]
     assert logged[-1]["iteration"] == 30
     assert logged[-1]["eval/tiny_mc/acc"] == pytest.approx(harness["tiny_mc"]["acc,none"])
-    # the console: lm-eval's warnings about tiny_mc.yaml (no aggregation given) once for both
-    # ranks in the project's form; no progress bars (not a terminal), no warning that the
-    # default of 0 few-shot examples is applied
-    harness_lines = [line for line in proc.stderr.splitlines() if "lm_eval" in line]
-    assert any("[WARNING] [lm_eval] [Task: tiny_mc] metric acc is defined, but aggregation is "
+    # the console: lm-eval's warnings about bare_mc.yaml once for both ranks in the project's
+    # form, none about the shipped task files (they give each metric's aggregation); no
+    # progress bars (not a terminal), no warning that the default of 0 few-shot examples is
+    # applied
+    harness_lines = [line for line in proc.stderr.splitlines() if "[lm_eval]" in line]
+    assert any("[WARNING] [lm_eval] [Task: bare_mc] metric acc is defined, but aggregation is "
                "not" in line for line in harness_lines), proc.stderr[-3000:]
     assert all(line.startswith("[ranks 0-1] ") for line in harness_lines), harness_lines
+    assert not [line for line in harness_lines if "tiny_" in line], harness_lines
     assert "it/s]" not in proc.stderr and "Overwriting default num_fewshot" not in proc.stderr
 
 

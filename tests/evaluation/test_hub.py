@@ -13,6 +13,8 @@ from megatron.evaluation.hub import (OFFLINE_VARS, fetch_failure, offline_env, r
                                      unreachable)
 from tests.runs import ROOT, deepy, explain, free_port
 
+TASKS = ROOT / "tests/evaluation/tasks"
+
 
 def closed_port() -> int:
     """A local port nothing listens on (connections to it are refused at once)."""
@@ -51,6 +53,10 @@ def test_the_workers_go_offline_only_when_tasks_run_the_user_chose_nothing_and_n
     assert "set HF_HUB_OFFLINE=0 to have them try the Hub anyway" in record.getMessage()
     caplog.clear()
     assert offline_env([], unreachable_hub) == {}  # no lm-eval tasks
+    local = [str(TASKS / "tiny_mc.yaml"), str(TASKS)]  # task files reading local data only
+    assert offline_env(local, unreachable_hub) == {}
+    assert offline_env(local + ["lambada_openai"], unreachable_hub) != {}
+    caplog.clear()
     assert offline_env(["lambada_openai"], {**unreachable_hub, "HF_HUB_OFFLINE": "0"}) == {}
     assert offline_env(["lambada_openai"], {**unreachable_hub, "HF_DATASETS_OFFLINE": "1"}) == {}
     with socket.socket() as server:

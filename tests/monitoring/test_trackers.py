@@ -172,3 +172,42 @@ def test_trackers_get_gpt_neox_tags_in_its_units():
     assert tracker_tag("gradient_norms/0.word_embeddings.weight", 1.0) == \
         ("gradient_norms/0.word_embeddings.weight", 1.0)
     assert tracker_tag("something_new", 1.0) == ("train/something_new", 1.0)
+
+
+def test_training_sets_aside_metrics_records_it_does_not_continue(tmp_path, caplog):
+    """metrics.jsonl of a log_dir that holds an earlier run, or steps past the checkpoint a run
+    resumes from: the file as it was is kept beside, and the new records continue only what
+    the run continues; eval.py (no start iteration) appends as before."""
+    import json
+
+    path = tmp_path / "metrics.jsonl"
+    old = [{"iteration": i, "lm_loss": 9.0 - i} for i in (10, 20, 30)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in old) + '{"iteration": 3')  # cut line
+
+    def records(p):
+        return [json.loads(line) for line in p.read_text().splitlines()]
+
+    # resumed from iteration 20: the record of 30 (redone now) moves aside with the whole file
+    with caplog.at_level(logging.INFO, logger="megatron"):
+        tracker = MetricsTracker(str(tmp_path), None, None, {}, True, start_iteration=20)
+    tracker.log({"lm_loss": 1.5}, step=21)
+    tracker.close()
+    (kept,) = tmp_path.glob("metrics.*.jsonl")
+    assert kept.read_text().startswith(json.dumps(old[0])) and '{"iteration": 3' in kept.read_text()
+    assert [r["iteration"] for r in records(path)] == [10, 20, 21]
+    assert (f"{path} holds 2 records past iteration 20 (steps after the checkpoint this run "
+            f"resumes from, done again now); the file as it was is kept in {kept.name}") \
+        in caplog.text
+    # eval.py's tracker: appends, moves nothing
+    MetricsTracker(str(tmp_path), None, None, {}, True).close()
+    assert len(list(tmp_path.glob("metrics.*.jsonl"))) == 1
+    # a fresh run (iteration 0) in the same log_dir: a new file, the earlier one kept
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="megatron"):
+        MetricsTracker(str(tmp_path), None, None, {}, True, start_iteration=0).close()
+    assert path.read_text() == "" and len(list(tmp_path.glob("metrics.*.jsonl"))) == 2
+    assert f"{path} holds 3 records of an earlier run" in caplog.text
+    # nothing past the start: nothing moves, nothing is said
+    caplog.clear()
+    MetricsTracker(str(tmp_path), None, None, {}, True, start_iteration=0).close()
+    assert len(list(tmp_path.glob("metrics.*.jsonl"))) == 2 and "holds" not in caplog.text

@@ -68,7 +68,8 @@ def test_interactive_mode_reads_prompts_until_eof_and_survives_a_too_long_one(
     assert [r["context"] for r in records] == ["The history of", "A"]
     shown = stdout.getvalue()
     assert "must not exceed max_position_embeddings(128)" in shown
-    assert records[0]["text"] in shown and read_jsonl(tmp_path / "out.jsonl") == records
+    assert f"prompt> generated> {records[0]['text']}\n" in shown and shown.endswith("prompt> \n")
+    assert read_jsonl(tmp_path / "out.jsonl") == records
 
 
 @pytest.mark.parametrize("override, message", [
