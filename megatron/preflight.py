@@ -95,6 +95,10 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
     check_free(args.checkpoint.save)  # another live run writes there
     ck = args.checkpoint
     if not ck.load:
+        if ck.finetune and name == "train.py":
+            from megatron.checkpointing.locate import no_fine_tune_source
+
+            raise no_fine_tune_source(None)
         return
     from megatron.checkpointing.locate import check_save_directory, planned_manifest
 

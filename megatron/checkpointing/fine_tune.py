@@ -41,39 +41,45 @@ def fine_tune_record(resumed: dict, finetune: bool) -> dict | None:
 
 def resume_fine_tune(args, announce: bool = False):
     """`args`, or for a fine-tune whose `save` already holds its own checkpoints, `args` that
-    resume from them (load = save, finetune off). ValueError when `save` holds checkpoints of
-    something else, which the fine-tune would overwrite."""
+    resume from them (load = save, finetune off). ValueError when `save` is `load` (the
+    fine-tune's checkpoints would mix with the ones it starts from, its step numbers starting
+    again at 0) or holds checkpoints of something else, which the fine-tune would overwrite."""
     ck = args.checkpoint
     if not (ck.finetune and ck.save and ck.load):
         return args
     save = Path(ck.save)
+    if save.resolve() == Path(ck.load).resolve():
+        raise ValueError(
+            f"finetune is true and save is load ({ck.save}): the fine-tune's checkpoints, "
+            "numbered from iteration 0 again, would mix with the ones it starts from (and could "
+            "replace them). Give save another directory")
     manifest = planned_manifest(save, None)
     if manifest is None:  # nothing saved yet: the fine-tune starts
         return args
     recorded = manifest.client_state.get(FINE_TUNED_FROM)
     latest = f"{save / manifest.tag} (iteration {manifest.iteration})"
-    if save.absolute() == Path(ck.load).absolute():
-        if not recorded:
-            return args  # its latest checkpoint is the one to fine-tune from
-        source = None  # the fine-tune's own checkpoint is the latest one there
-    else:
-        source = _source(Path(ck.load), ck.iteration)
-    if recorded and (source is None and save.absolute() == Path(ck.load).absolute()
-                     or source is not None and _same(recorded, source)):
+    source = _source(Path(ck.load), ck.iteration)
+    if recorded and source is not None and _same(recorded, source):
         if announce:
             log.info("fine-tune resumes from its own checkpoint %s; it started from %s",
                      latest, recorded["path"])
-        return args.replace(load=ck.save, finetune=False, iteration=None)
+        return resumed_from_save(args)
     if recorded:
         now = f"load names {source}" if source is not None else f"{ck.load} holds no checkpoint"
         what = (f"a fine-tune of {recorded['path']} (iteration {recorded['iteration']}), and "
                 f"{now}")
     else:
-        what = "not written by a fine-tune"
+        what = ("which records no fine-tune source (not a fine-tune, or one saved before "
+                "fine-tunes recorded it)")
     raise ValueError(
         f"save {ck.save} already holds {latest}, {what}: this fine-tune would overwrite it. "
         f"Give an empty save directory, or go on from {save / manifest.tag} with load={ck.save} "
         "and finetune false")
+
+
+def resumed_from_save(args):
+    """`args` of a fine-tune resumed from its own latest checkpoint in `save`."""
+    return args.replace(load=args.checkpoint.save, finetune=False, iteration=None)
 
 
 def _source(load: Path, iteration: int | None) -> Path | None:
@@ -82,7 +88,7 @@ def _source(load: Path, iteration: int | None) -> Path | None:
         tags, _ = find_candidates(load, iteration)
     except FileNotFoundError:
         return None
-    return (load / tags[0]).absolute() if tags else None
+    return (load / tags[0]).resolve() if tags else None
 
 
 def _same(recorded: dict, step: Path) -> bool:
@@ -91,4 +97,4 @@ def _same(recorded: dict, step: Path) -> bool:
     digest = manifest_digest(step)
     if recorded.get("manifest_sha256") and digest:
         return recorded["manifest_sha256"] == digest
-    return Path(recorded["path"]).absolute() == step
+    return Path(recorded["path"]).resolve() == step

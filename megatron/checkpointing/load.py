@@ -51,6 +51,8 @@ def load_checkpoint(engine, ck, advice: str = NO_VALID_ADVICE, resharding: bool 
     the error when no checkpoint verifies. Collective.
     """
     if not ck.load:
+        if ck.finetune:  # deepy.py refused it before the workers started
+            raise no_fine_tune_source(None)
         return {}
     root = Path(ck.load)
     check_save_directory(root)  # deepy.py checked it too

@@ -37,12 +37,15 @@ def missing_iteration(root: Path, iteration: int) -> FileNotFoundError:
                              f"does not exist; saved iterations in {root}: {_saved(root)}")
 
 
-def no_fine_tune_source(root: Path) -> FileNotFoundError:
-    """The error for `finetune: true` with a `load` that holds no checkpoint (GPT-NeoX would
-    go on from random weights; a fine-tune from nothing is refused instead)."""
-    state = "holds no checkpoint" if root.is_dir() else "does not exist"
+def no_fine_tune_source(root: Path | None) -> FileNotFoundError:
+    """The error for `finetune: true` with no `load`, or one that holds no checkpoint (GPT-NeoX
+    would go on from random weights; a fine-tune from nothing is refused instead)."""
+    if root is None:
+        where = "load is not set"
+    else:
+        where = f"load {root} " + ("holds no checkpoint" if root.is_dir() else "does not exist")
     return FileNotFoundError(
-        f"finetune is true but load {root} {state}: a fine-tune starts from the weights there. "
+        f"finetune is true but {where}: a fine-tune starts from the weights there. "
         "Point load at the directory holding the checkpoint's global_step<N> directories (a "
         "Hugging Face model: convert it with tools/ckpts/convert_hf_to_neox.py first), or "
         "remove finetune to train from random weights")

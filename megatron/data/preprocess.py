@@ -165,8 +165,9 @@ def _decompressed_text(path: str):
 def _open_text(path: str):
     """A text file or one JSON record per line (jsonl), decompressed by its suffix."""
     if path.endswith(JSON_ARRAY_SUFFIXES):
-        raise ValueError(f"{path} holds one JSON array, which only preprocess_data.py reads; "
-                         "write its records one per line as .jsonl or .jsonl.zst for this tool")
+        raise ValueError(f"{path} holds one JSON array of documents, and this reads one JSON "
+                         "record per line (prompt/completion fields, chat messages): write its "
+                         "records one per line as .jsonl or .jsonl.zst")
     return _decompressed_text(path)
 
 

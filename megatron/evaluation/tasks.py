@@ -20,6 +20,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import json
 import os
 import re
 from pathlib import Path
@@ -92,6 +93,10 @@ def reads_only_local_files(entries: list[str]) -> bool:
             return False
         if not isinstance(doc, dict) or "include" in doc or \
                 doc.get("dataset_path") not in LOCAL_FILE_BUILDERS:
+            return False
+        kwargs = doc.get("dataset_kwargs")
+        data_files = kwargs.get("data_files") if isinstance(kwargs, dict) else None
+        if "://" in json.dumps(data_files, default=str):  # https://, hf://: not local files
             return False
     return bool(files)
 

@@ -80,7 +80,7 @@ def set_aside_later_records(path: Path, start_iteration: int) -> Path | None:
             iteration = None  # a line cut by a crash: kept with the old file only
         if start_iteration and isinstance(iteration, int) and iteration <= start_iteration:
             kept.append(line)
-        elif line.strip():
+        elif isinstance(iteration, int):  # (a line cut by a crash is not counted)
             later += 1
     if not later:
         return None
@@ -92,13 +92,14 @@ def set_aside_later_records(path: Path, start_iteration: int) -> Path | None:
         moved = path.with_name(f"{path.stem}.{stamp}-{n}{path.suffix}")
     os.replace(path, moved)
     path.write_text("".join(kept), encoding="utf-8")
+    records = f"{later} record{'s' if later != 1 else ''}"
     if start_iteration == 0:
-        log.info("%s holds %d records of an earlier run; they are kept in %s, and this run "
-                 "starts a new %s", path, later, moved.name, path.name)
+        log.info("%s holds %s of an earlier run; they are kept in %s, and this run starts a "
+                 "new %s", path, records, moved.name, path.name)
     else:
-        log.info("%s holds %d records past iteration %d (steps after the checkpoint this run "
-                 "resumes from, done again now); the file as it was is kept in %s, and %s keeps "
-                 "the %d records up to iteration %d", path, later, start_iteration, moved.name,
+        log.info("%s holds %s past iteration %d (steps after the checkpoint this run resumes "
+                 "from, done again now); the file as it was is kept in %s, and %s keeps the %d "
+                 "records up to iteration %d", path, records, start_iteration, moved.name,
                  path.name, len(kept), start_iteration)
     return moved
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from megatron.checkpointing import load_checkpoint, save_checkpoint, should_save
 from megatron.checkpointing.fine_tune import (FINE_TUNED_FROM, fine_tune_record,
-                                              resume_fine_tune)
+                                              resume_fine_tune, resumed_from_save)
 from megatron.checkpointing.layout import iteration_of, read_latest
 from megatron.checkpointing.locate import newest_good_iteration
 from megatron.checkpointing.model_shape import vocab_for_run
@@ -44,7 +44,7 @@ from megatron.safety import watchdog
 from megatron.safety.guard import StepGuard, TrainingStopped, weights_finite
 from megatron.safety.lock import run_lock
 from megatron.safety.signals import Preempted, StopSignals
-from megatron.training.run_summary import RunSummary
+from megatron.training.run_summary import RunSummary, ended_at
 
 log = get_logger(__name__)
 
@@ -94,10 +94,17 @@ def pretrain(args) -> RunState:
     try:
         with run_lock(args.checkpoint.save), \
                 watchdog.running(args, dist.get_rank(), dist.get_world_size()):  # A33, A4
-            args = resume_fine_tune(args, announce=dist.get_rank() == 0)
+            args = _agreed_fine_tune_resume(args)
             return _pretrain(args.with_world_size(dist.get_world_size()))
     finally:
         destroy_distributed()
+
+
+def _agreed_fine_tune_resume(args):
+    """resume_fine_tune as rank 0 decides it (the files it reads may differ between machines),
+    applied on every rank. Collective."""
+    resume = _agreed(lambda: resume_fine_tune(args, announce=True) is not args)
+    return resumed_from_save(args) if resume else args
 
 
 def _host_memory() -> None:
@@ -133,18 +140,8 @@ def _model_vocab(args, tokenizer) -> int:
     degree that divides it."""
     tp = args.parallelism.model_parallel_size
     default = padded_vocab_size(tokenizer.vocab_size, args.model.make_vocab_size_divisible_by, tp)
-    found = None
-    if dist.get_rank() == 0:
-        try:
-            found = (vocab_for_run(args.checkpoint.load, args.checkpoint.iteration, default, tp,
-                                   tokenizer.vocab_size), None)
-        except ValueError as err:
-            found = (None, str(err))
-    box = [found]
-    dist.broadcast_object_list(box, src=0)
-    vocab, problem = box[0]
-    if problem:
-        raise ValueError(problem)
+    vocab = _agreed(lambda: vocab_for_run(args.checkpoint.load, args.checkpoint.iteration,
+                                          default, tp, tokenizer.vocab_size))
     if vocab != default:
         print_rank_0(f"padded vocabulary: {vocab} rows, as in the checkpoint to load "
                      f"(a new run at model_parallel_size {tp} would pad to {default})")
@@ -164,8 +161,13 @@ def _pretrain(args) -> RunState:
     state.fine_tuned_from = fine_tune_record(resumed, bool(args.checkpoint.finetune))
     check_ranks_agree(state)
     if resumed and state.iteration >= args.training.train_iters:
-        print_rank_0(_nothing_to_train(args, state.iteration))
-        return state
+        if _agreed(lambda: ended_at(args.logging.log_dir, state.iteration)):
+            print_rank_0(_nothing_to_train(args, state.iteration))
+            return state
+        print_rank_0(f"the checkpoint in {args.checkpoint.load} is at iteration "
+                     f"{state.iteration}, train_iters {args.training.train_iters}, but its run's "
+                     "last evaluations and summary were not written: doing them now, without "
+                     "training or saving")
 
     counts = sample_counts(args, state.iteration, state.consumed_valid_samples)
     train_ds, valid_ds, test_ds = build_datasets(args, counts, tokenizer.vocab_size,
@@ -210,6 +212,23 @@ def _pretrain(args) -> RunState:
         profiler.close()
         tracker.close()
     return state
+
+
+def _agreed(decide):
+    """`decide()` as rank 0 answers it (what it reads may exist on its machine only), on every
+    rank; a ValueError it raises is raised on every rank. Collective."""
+    answer = None
+    if dist.get_rank() == 0:
+        try:
+            answer = (decide(), None)
+        except ValueError as err:
+            answer = (None, str(err))
+    box = [answer]
+    dist.broadcast_object_list(box, src=0)
+    value, problem = box[0]
+    if problem:
+        raise ValueError(problem)
+    return value
 
 
 def _nothing_to_train(args, iteration: int) -> str:
@@ -280,7 +299,8 @@ def _train(args, engine, state: RunState, iterators, train_log: TrainLog, datase
         summary.evals["validation"][-1][0] == state.iteration
     if finished and valid_iter is not None and t.eval_iters and not evaluated:
         _evaluate(args, engine, state, valid_iter, train_log.tracker, summary, tasks=tasks)
-    if ck.save and saved_at != state.iteration and state.iteration > 0:
+    stepped = state.iteration != summary.start_iteration  # else the loaded checkpoint is it
+    if ck.save and saved_at != state.iteration and state.iteration > 0 and stepped:
         _save_if_sound(args, engine, state, guard, datasets)
     test_batches = test_iter() if finished and t.eval_iters else None
     if test_batches is not None:

@@ -17,6 +17,21 @@ from megatron.monitoring.logger import print_rank_0
 from megatron.training.train_log import clock
 
 
+SUMMARY_FILE = "run_summary.json"
+
+
+def ended_at(log_dir: str | None, iteration: int) -> bool:
+    """Whether `log_dir`'s run summary is of a run that ended at `iteration`: its last
+    evaluations and the summary itself were done (they follow the last checkpoint)."""
+    if not log_dir:
+        return False
+    try:
+        figures = json.loads((Path(log_dir) / SUMMARY_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(figures, dict) and figures.get("end_iteration") == iteration
+
+
 class RunSummary:
     """Collects the evaluations of one run (one launch) and reports the run at its end."""
 
@@ -78,7 +93,7 @@ class RunSummary:
                      "  no checkpoint (save is not set)")
         log_dir = self._args.logging.log_dir
         if write and log_dir:
-            path = Path(log_dir) / "run_summary.json"
+            path = Path(log_dir) / SUMMARY_FILE
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(f, indent=1) + "\n")
             lines.append(f"  summary: {path}")

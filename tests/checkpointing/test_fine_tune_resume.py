@@ -62,9 +62,17 @@ def test_a_fine_tune_into_a_save_directory_of_something_else_is_refused(trained,
         "num_gpus=1", "finetune=true", f"save={tmp_path / 'other'}",
         f"log_dir={tmp_path / 'logs'}"])
     expected = (f"save {tmp_path / 'other'} already holds {tmp_path / 'other/global_step30'} "
-                "(iteration 30), not written by a fine-tune: this fine-tune would overwrite it")
+                "(iteration 30), which records no fine-tune source (not a fine-tune, or one saved "
+                "before fine-tunes recorded it): this fine-tune would overwrite it")
     with pytest.raises(ValueError, match=re.escape(expected)):
         preflight(args, "train.py")
+    # in place: its checkpoints, numbered from 0 again, would mix with the ones it starts from
+    in_place = args.replace(load=str(tmp_path / "other"))
+    with pytest.raises(ValueError, match=re.escape(
+            f"finetune is true and save is load ({tmp_path / 'other'}): the fine-tune's "
+            "checkpoints, numbered from iteration 0 again, would mix with the ones it starts "
+            "from")):
+        preflight(in_place, "train.py")
 
 
 def test_resuming_at_another_seq_length_says_the_data_order_changes(trained, tmp_path, caplog):

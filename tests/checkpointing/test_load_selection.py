@@ -78,15 +78,18 @@ def test_a_load_directory_without_checkpoints_starts_fresh(tmp_path, caplog):
 
 
 @pytest.mark.parametrize("exists", [False, True])
-def test_a_fine_tune_from_no_checkpoint_is_refused_before_the_workers(tmp_path, exists):
+def test_a_fine_tune_from_no_checkpoint_is_refused_before_the_workers(small_data, tmp_path,
+                                                                      exists):
     """GPT-NeoX would train from random weights; a fine-tune from nothing is a wrong path."""
     from megatron.preflight import preflight
 
     if exists:
         (tmp_path / "none").mkdir()
+    prefix, tok = small_data
     args = NeoXArgs.from_ymls([ROOT / "configs" / "tiny.yml"], {
         "load": str(tmp_path / "none"), "save": str(tmp_path / "out"), "num_gpus": 1,
-        "finetune": True, "log_dir": str(tmp_path / "logs")})
+        "finetune": True, "log_dir": str(tmp_path / "logs"), "data_path": prefix,
+        "vocab_file": tok})
     state = "holds no checkpoint" if exists else "does not exist"
     expected = (f"finetune is true but load {tmp_path / 'none'} {state}: a fine-tune starts "
                 "from the weights there")
@@ -95,6 +98,11 @@ def test_a_fine_tune_from_no_checkpoint_is_refused_before_the_workers(tmp_path, 
     with pytest.raises(FileNotFoundError, match=re.escape(expected)):  # the workers, too
         load_checkpoint(ENGINE, args.checkpoint)
     assert not (tmp_path / "out").exists()
+    unset = args.replace(load=None)  # no load at all (a setup file left out)
+    with pytest.raises(FileNotFoundError, match="finetune is true but load is not set: "):
+        preflight(unset, "train.py")
+    with pytest.raises(FileNotFoundError, match="finetune is true but load is not set: "):
+        load_checkpoint(ENGINE, unset.checkpoint)
 
 
 @pytest.mark.parametrize("damage, expected", [

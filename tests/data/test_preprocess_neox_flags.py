@@ -201,7 +201,7 @@ def test_tools_reading_jsonl_lines_refuse_a_json_array_by_name(tmp_path):
     from megatron.tokenizer import build_tokenizer
 
     path = write_zst(tmp_path / "p.json.zst", json.dumps([{"p": "a", "c": "b"}]).encode())
-    with pytest.raises(ValueError, match=f"{path} holds one JSON array, which only "
-                                         "preprocess_data.py reads"):
+    with pytest.raises(ValueError, match=f"{path} holds one JSON array of documents, and this "
+                                         "reads one JSON record per line"):
         preprocess_masked(str(path), str(tmp_path / "o"), build_tokenizer("CharLevelTokenizer"),
                           MaskRule(prompt_key="p", completion_key="c"))

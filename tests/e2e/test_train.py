@@ -305,24 +305,42 @@ def test_resume_on_changed_data_is_refused_unless_allowed(tmp_path):
 
 
 def test_the_command_of_a_finished_run_run_again_writes_nothing(trained, tmp_path):
-    """A run whose checkpoint is at train_iters ends at once: no second validation at that
-    iteration, no checkpoint rewritten, no metrics or summary replaced."""
+    """A run whose checkpoint is at train_iters and whose summary says it ended there ends at
+    once: no second validation at that iteration, no checkpoint rewritten, no metrics or
+    summary replaced. Without the summary (the end was cut short) the last evaluations and the
+    summary are done, and the checkpoint is still not rewritten."""
     import hashlib
     import shutil
 
     run = tmp_path / "run"
     shutil.copytree(trained["ckpt"], run / "ckpt")
+    shutil.copytree(trained["ckpt"].parent / "logs", run / "logs")
 
     def files() -> dict:
         return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
                 for p in sorted(run.rglob("*")) if p.is_file() and p.parent.name != "heartbeats"}
 
+    def again():
+        proc = launch_in_process("train.py", "configs/tiny.yml",
+                                 *tiny_overrides(trained["data"], trained["tokenizer"], run,
+                                                 train_iters=30, num_gpus=1))
+        assert proc.returncode == 0, explain(proc)
+        return proc
+
     before = files()
-    proc = launch_in_process("train.py", "configs/tiny.yml",
-                             *tiny_overrides(trained["data"], trained["tokenizer"], run,
-                                             train_iters=30, num_gpus=1))
-    assert proc.returncode == 0, explain(proc)
+    proc = again()
     assert (f"nothing to train: the checkpoint in {run / 'ckpt'} is at iteration 30, at "
             "train_iters (30); nothing was evaluated or written") in proc.stdout
     assert "validation at iteration" not in proc.stdout
     assert files() == before  # no checkpoint file touched, no metrics, no run summary
+
+    (run / "logs" / "run_summary.json").unlink()  # the first run was stopped after its save
+    checkpoint = {k: v for k, v in before.items() if k.startswith("ckpt/")}
+    proc = again()
+    assert "its run's last evaluations and summary were not written: doing them now" \
+        in proc.stdout
+    assert "validation at iteration 30" in proc.stdout
+    summary = json.loads((run / "logs" / "run_summary.json").read_text())
+    assert summary["end_iteration"] == 30 and summary["final_val_loss"] is not None
+    assert {k: v for k, v in files().items() if k.startswith("ckpt/")} == checkpoint
+    assert "nothing to train" in again().stdout  # and now it is done

@@ -186,7 +186,7 @@ def test_sampled_generations_are_kept_by_place_and_seed(model_and_tokenizer, tmp
         ("The history of", sample), ("The history of", sample), ("In the year", greedy),
         ("In the year", greedy), ("The river", sample)]]
     plain = NeoXLM(model, tokenizer, batch_size=1, seed=7).generate_until(asked)
-    assert plain[2] == plain[3]
+    assert plain[2] == plain[3] and plain[0] != plain[1]  # equal requests, sampled apart
 
     def lm(seed=7):
         return cached_lm(model_and_tokenizer, tmp_path, round_batches=1, seed=seed)[0]
@@ -206,7 +206,8 @@ def test_sampled_generations_are_kept_by_place_and_seed(model_and_tokenizer, tmp
         calls = counting_forward(model, m)
         other = lm(seed=8).generate_until(asked)
     assert other == NeoXLM(model, tokenizer, batch_size=1, seed=8).generate_until(asked)
-    assert calls[0] > 0  # the sampled requests again; the greedy one was kept
+    assert calls[0] > 0  # the three sampled requests again; the greedy one was kept
+    assert sqlite3.connect(path).execute("SELECT COUNT(*) FROM scores").fetchone()[0] == 7
 
 
 def test_a_launch_run_again_with_its_cache_scores_nothing_twice(trained, tmp_path):

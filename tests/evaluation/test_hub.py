@@ -42,7 +42,7 @@ def test_the_first_connection_goes_to_the_proxy_unless_no_proxy_names_the_hub():
 
 
 def test_the_workers_go_offline_only_when_tasks_run_the_user_chose_nothing_and_no_connection_opens(
-        caplog):
+        caplog, tmp_path):
     unreachable_hub = {"HF_ENDPOINT": f"http://127.0.0.1:{closed_port()}"}
     with caplog.at_level(logging.WARNING, logger="megatron"):
         assert offline_env(["lambada_openai"], unreachable_hub) == {v: "1" for v in OFFLINE_VARS}
@@ -56,6 +56,10 @@ def test_the_workers_go_offline_only_when_tasks_run_the_user_chose_nothing_and_n
     local = [str(TASKS / "tiny_mc.yaml"), str(TASKS)]  # task files reading local data only
     assert offline_env(local, unreachable_hub) == {}
     assert offline_env(local + ["lambada_openai"], unreachable_hub) != {}
+    remote = tmp_path / "remote_mc.yaml"  # a local task file whose data is on the network
+    remote.write_text((TASKS / "tiny_mc.yaml").read_text().replace(
+        "tests/evaluation/tasks/tiny_mc.jsonl", "https://example.org/tiny_mc.jsonl"))
+    assert offline_env([str(remote)], unreachable_hub) != {}
     caplog.clear()
     assert offline_env(["lambada_openai"], {**unreachable_hub, "HF_HUB_OFFLINE": "0"}) == {}
     assert offline_env(["lambada_openai"], {**unreachable_hub, "HF_DATASETS_OFFLINE": "1"}) == {}
