@@ -24,7 +24,8 @@ from typing import Sequence
 from megatron.data.chat_preprocess import ChatResult
 from megatron.data.indexed_dataset import (IGNORE_LABEL, MMapIndexedDatasetBuilder,
                                            best_fitting_dtype, index_file_path)
-from megatron.data.preprocess import _open_text, expand_inputs, iter_documents
+from megatron.data.preprocess import (_open_text, _tokenizers_threads_off, expand_inputs,
+                                      iter_documents)
 from megatron.monitoring.logger import get_logger
 from megatron.paths import make_output_dir
 from megatron.monitoring.progress import progress
@@ -90,11 +91,59 @@ class _Records:
                     yield record[keys[0]], record[keys[1]]
 
 
+def _tokenize_record(tokenizer, rule: MaskRule, record: tuple) -> tuple[list, list]:
+    """(token list per key, labels) of one record: (prompt, completion) or a text per key."""
+    eod = [tokenizer.eod] if rule.append_eod else []
+    if rule.prompt_key:
+        prompt, completion = tokenizer.tokenize(record[0]), tokenizer.tokenize(record[1])
+        return [prompt + completion + eod], [IGNORE_LABEL] * len(prompt) + completion + eod
+    per_key = [tokenizer.tokenize(text) + eod for text in record]
+    return per_key, masked_labels(per_key[0], rule.mask_before)
+
+
+_WORKER: dict = {}
+WORKER_BATCH = 256  # records sent to a worker process at a time
+
+
+def _init_worker(tokenizer, rule: MaskRule) -> None:
+    _WORKER["tokenizer"], _WORKER["rule"] = tokenizer, rule
+
+
+def _tokenize_batch(records: list) -> list:
+    return [_tokenize_record(_WORKER["tokenizer"], _WORKER["rule"], r) for r in records]
+
+
+def _tokenized(records, tokenizer, rule: MaskRule, workers: int):
+    """(token lists, labels) per record in input order, by `workers` processes when > 1 (the
+    tokenizer is sent to each; one thread each, as preprocess_data.py's workers)."""
+    if workers <= 1:
+        yield from (_tokenize_record(tokenizer, rule, r) for r in records)
+        return
+    import itertools
+    import multiprocessing
+    import pickle
+
+    try:
+        pickle.dumps(tokenizer)
+    except Exception as err:  # noqa: BLE001 - whatever the tokenizer's own pickling raises
+        raise ValueError(f"--workers {workers}: this tokenizer cannot be sent to worker "
+                         f"processes ({err}); use --workers 1") from None
+    records = iter(records)
+    batches = iter(lambda: list(itertools.islice(records, WORKER_BATCH)), [])
+    with _tokenizers_threads_off(), multiprocessing.get_context("spawn").Pool(
+            workers, initializer=_init_worker, initargs=(tokenizer, rule)) as pool:
+        for batch in pool.imap(_tokenize_batch, batches):
+            yield from batch
+
+
 def preprocess_masked(inputs: str | Sequence[str], output_prefix: str, tokenizer,
                       rule: MaskRule, jsonl_keys: Sequence[str] = ("text",),
-                      num_docs: int | None = None) -> ChatResult:
+                      num_docs: int | None = None, workers: int = 1,
+                      log_interval: int = 0) -> ChatResult:
     """Tokenize `inputs`, write `{prefix}_{key}_document` per key (`{prefix}_text_document` in
-    prompt/completion mode) and the label file `{prefix}_label_document` (of the first key)."""
+    prompt/completion mode) and the label file `{prefix}_label_document` (of the first key).
+    `workers` > 1 tokenizes in that many processes (the same files); `log_interval` logs the
+    progress every that many documents (0: the progress bar only)."""
     files = expand_inputs(inputs)
     if bool(rule.prompt_key) != bool(rule.completion_key):
         raise ValueError("--prompt-key and --completion-key go together")
@@ -114,19 +163,16 @@ def preprocess_masked(inputs: str | Sequence[str], output_prefix: str, tokenizer
     builders = {k: MMapIndexedDatasetBuilder(p + ".bin", dtype,
                                              values="labels" if k == "label" else "tokens")
                 for k, p in result.prefixes.items()}
-    eod = [tokenizer.eod] if rule.append_eod else []
-    unmarked = unlabelled = 0  # documents without the mask pattern; with no label at all
+    unmarked = unlabelled = read = 0  # without the mask pattern; with no label; read so far
     documents = (_Records(files, rule) if rule.prompt_key
                  else (tuple(d[k] for k in keys) for d in iter_documents(files, keys)))
     try:
-        for record in progress(documents, total=num_docs, desc="documents", unit="doc"):
-            if rule.prompt_key:
-                prompt, completion = tokenizer.tokenize(record[0]), tokenizer.tokenize(record[1])
-                per_key = [prompt + completion + eod]
-                labels = [IGNORE_LABEL] * len(prompt) + completion + eod
-            else:
-                per_key = [tokenizer.tokenize(text) + eod for text in record]
-                labels = masked_labels(per_key[0], rule.mask_before)
+        for per_key, labels in progress(_tokenized(documents, tokenizer, rule, workers),
+                                        total=num_docs, desc="documents", unit="doc"):
+            read += 1
+            if log_interval and read % log_interval == 0:
+                logger.info("processed %d%s documents, %d tokens", read,
+                            f"/{num_docs}" if num_docs else "", result.tokens)
             if not per_key[0]:
                 continue  # an empty document, skipped as preprocess_data.py does
             if rule.mask_before and find(per_key[0], rule.mask_before) < 0:

@@ -63,6 +63,26 @@ def require_package(module: str, purpose: str):
                           f"{DATA_INSTALL}") from None
 
 
+class FixedTextTokenizer:
+    """`tokenizer` with every text run through ftfy.fix_text before it is tokenized (--ftfy of
+    the tools that take a tokenizer object); it pickles, so worker processes can use it."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self._fix_text = require_package("ftfy", "--ftfy").fix_text
+
+    def tokenize(self, text: str) -> list[int]:
+        return self._tokenizer.tokenize(self._fix_text(text))
+
+    def tokenize_batch(self, texts: list[str]) -> list:
+        return self._tokenizer.tokenize_batch([self._fix_text(t) for t in texts])
+
+    def __getattr__(self, name: str):  # eod, vocab_size, ... of the wrapped tokenizer
+        if name.startswith("__") or name == "_tokenizer":  # (unpickling: not set yet)
+            raise AttributeError(name)
+        return getattr(self._tokenizer, name)
+
+
 def expand_inputs(inputs: str | Sequence[str]) -> list[str]:
     """Input files from paths, directories and comma-separated lists, in a fixed order."""
     items = inputs.split(",") if isinstance(inputs, str) else list(inputs)

@@ -205,3 +205,26 @@ def test_tools_reading_jsonl_lines_refuse_a_json_array_by_name(tmp_path):
                                          "reads one JSON record per line"):
         preprocess_masked(str(path), str(tmp_path / "o"), build_tokenizer("CharLevelTokenizer"),
                           MaskRule(prompt_key="p", completion_key="c"))
+
+
+def test_mask_tool_takes_gpt_neox_workers_and_log_interval(tmp_path, gpt2_files, caplog):
+    """GPT-NeoX's mask command line with --workers 2 (and --ftfy, whose tokenizer is sent to
+    the worker processes) writes the bytes of one process."""
+    import logging
+
+    vocab, merges = gpt2_files
+    texts = [f"{t} <|endoftext|> answer {i}" for i, t in enumerate(CLEAN * 120)] + MOJIBAKE
+    (tmp_path / "m.jsonl").write_bytes(jsonl_bytes(texts))
+    eod = json.load(open(vocab))["<|endoftext|>"]
+    base = ["--input", str(tmp_path / "m.jsonl"), "--tokenizer-type", "GPT2BPETokenizer",
+            "--vocab-file", vocab, "--merge-file", merges, "--append-eod", "--ftfy",
+            "--mask-before-token", str(eod)]
+    script = load_script("preprocess_data_with_mask")
+    assert script.main(base + ["--output-prefix", str(tmp_path / "one")]) == 0
+    with caplog.at_level(logging.INFO, logger="megatron"):
+        assert script.main(base + ["--output-prefix", str(tmp_path / "two"), "--workers", "2",
+                                   "--log-interval", "300"]) == 0
+    for kind in ("text", "label"):
+        assert same_files(tmp_path / f"one_{kind}_document", tmp_path / f"two_{kind}_document")
+    assert len(tokens(tmp_path / "two_text_document")) == len(texts)
+    assert "processed 600 documents" in caplog.text

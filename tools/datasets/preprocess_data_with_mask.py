@@ -27,7 +27,7 @@ import sys
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 from megatron.data.mask_preprocess import MaskRule, preprocess_masked  # noqa: E402
-from megatron.data.preprocess import require_package  # noqa: E402
+from megatron.data.preprocess import FixedTextTokenizer  # noqa: E402
 from megatron.entry import run_entry  # noqa: E402
 from megatron.tokenizer import TOKENIZERS, build_tokenizer  # noqa: E402
 
@@ -38,23 +38,6 @@ def token_ids(text: str) -> tuple[int, ...]:
     if not all(ids):
         raise ValueError(f"--mask-before-token {text!r} is not a comma-separated list of ids")
     return tuple(int(i) for i in ids)
-
-
-class FixedTextTokenizer:
-    """`tokenizer` with every text run through ftfy.fix_text before it is tokenized (--ftfy)."""
-
-    def __init__(self, tokenizer):
-        self._tokenizer = tokenizer
-        self._fix_text = require_package("ftfy", "--ftfy").fix_text
-
-    def tokenize(self, text: str) -> list[int]:
-        return self._tokenizer.tokenize(self._fix_text(text))
-
-    def tokenize_batch(self, texts: list[str]) -> list:
-        return self._tokenizer.tokenize_batch([self._fix_text(t) for t in texts])
-
-    def __getattr__(self, name: str):  # eod, vocab_size, ... of the wrapped tokenizer
-        return getattr(self._tokenizer, name)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -84,7 +67,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     group.add_argument("--output-prefix", required=True,
                        help="writes {prefix}_{key}_document and {prefix}_label_document")
     group.add_argument("--dataset-impl", default="mmap", choices=["mmap"])
-    return parser.parse_args(argv)
+    group = parser.add_argument_group("runtime")
+    group.add_argument("--workers", type=int, default=1,
+                       help="tokenizer processes (one core each); the output is the same")
+    group.add_argument("--log-interval", type=int, default=1000,
+                       help="log the progress every this many documents (0: never)")
+    args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error(f"--workers must be at least 1, not {args.workers}")
+    return args
 
 
 def main(argv=None) -> int:
@@ -96,7 +87,8 @@ def main(argv=None) -> int:
     if args.ftfy:
         tokenizer = FixedTextTokenizer(tokenizer)
     result = preprocess_masked(args.input, args.output_prefix, tokenizer, rule, args.jsonl_keys,
-                               num_docs=args.num_docs)
+                               num_docs=args.num_docs, workers=args.workers,
+                               log_interval=args.log_interval)
     for name, prefix in result.prefixes.items():
         print(f"{name}: {prefix}")
     return 0
