@@ -128,3 +128,25 @@ def test_deepy_refuses_a_task_name_no_task_file_spells_before_any_worker(monkeyp
     with pytest.raises(ValueError, match=r"^unknown lm-eval task 'zzz_task'; a task is"):
         preflight(args, "train.py")  # during training too; the local names are known
     assert built == [False, True]  # the local directory first, then with the registry
+
+
+def test_lmeval_log_level_shows_the_harness_info_lines(monkeypatch):
+    """docs/evaluate.md: lm-eval's info lines are hidden unless LMEVAL_LOG_LEVEL asks for them;
+    a value that is not a level keeps them hidden."""
+    import logging
+
+    from megatron.evaluation.tasks import quiet_harness
+
+    harness = logging.getLogger("lm_eval")
+    before = harness.level
+    try:
+        for value, level in (("INFO", logging.INFO), ("debug", logging.DEBUG),
+                             ("LOUD", logging.WARNING), (None, logging.WARNING)):
+            if value is None:
+                monkeypatch.delenv("LMEVAL_LOG_LEVEL", raising=False)
+            else:
+                monkeypatch.setenv("LMEVAL_LOG_LEVEL", value)
+            quiet_harness()
+            assert harness.level == level, value
+    finally:
+        harness.setLevel(before)

@@ -35,6 +35,11 @@ def test_dpo_by_hand():
     assert math.isclose(m["chosen_rewards"].item(), 0.5) and math.isclose(
         m["rejected_rewards"].item(), -0.5)
     assert m["margins"].item() == 1.0 and m["reward_acc"].item() == 1.0
+    # the policy's own sums, and only the pairs that exist (the second is padding)
+    _, m = dpo_loss(torch.tensor([-1.0, -9.0]), torch.tensor([-3.0, -9.0]), torch.zeros(2),
+                    torch.zeros(2), beta=0.5, valid=torch.tensor([True, False]))
+    assert (m["chosen_logps"].item(), m["rejected_logps"].item(), m["pairs"].item()) == \
+        (-1.0, -3.0, 1.0)
 
 
 def test_kto_by_hand():
