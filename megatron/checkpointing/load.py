@@ -25,7 +25,7 @@ from megatron.checkpointing.errors import NoValidCheckpointError
 from megatron.checkpointing.layout import rng_file
 from megatron.checkpointing.locate import (check_save_directory, damaged, find_candidates,
                                            no_fine_tune_source, verify_checkpoint)
-from megatron.checkpointing.model_shape import head_change
+from megatron.checkpointing.model_shape import head_change, position_table_warning
 from megatron.checkpointing.manifest import Manifest
 from megatron.checkpointing.retention import remove_leftovers
 from megatron.monitoring.logger import get_logger
@@ -78,6 +78,9 @@ def load_checkpoint(engine, ck, advice: str = NO_VALID_ADVICE, resharding: bool 
             _loud(f"{root / tag} was written by GPT-NeoX (no manifest): its files are checked "
                   "for completeness only, as it records no checksums")
         check_compatible(manifest.run, current, manifest.format_version, root / tag)
+        note = position_table_warning(manifest.config.get("pos_emb"), manifest.run, root / tag)
+        if note:
+            _loud(note)
         changes = layout_changes(manifest.run, current)
         if head_change(manifest.run, current, bool(ck.finetune), root / tag):
             changes.append("LM head: left out, the value head starts fresh")

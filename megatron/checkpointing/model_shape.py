@@ -37,6 +37,8 @@ TRANSFORMER_FIELDS = frozenset({
     "num_attention_heads", "num_kv_heads", "intermediate_size", "activation", "gpt_j_residual",
     "gpt_j_tied", "use_bias_in_attn_linear", "use_bias_in_mlp", "gelu_approximation"})
 ROTARY_FIELDS = frozenset({"rotary_pct", "rotary_emb_base"})
+# how the sinusoidal position table is laid out (pos_emb: sinusoidal), recorded in the manifest
+POSITION_TABLE = "sines then cosines"
 # how a mismatch names a field that is not a config key of its own
 FIELD_LABELS = {"gelu_approximation": "GELU approximation (bias_gelu_fusion)",
                 "layer_attention": "attention (attention_config, sliding_window_width)"}
@@ -51,7 +53,21 @@ def describe_shape(args, padded_vocab_size: int | None) -> dict:
             "intermediate_size": d.intermediate_size, "padded_vocab_size": padded_vocab_size,
             "moe_num_experts": m.moe_num_experts, "moe_expert_interval": m.moe_expert_interval,
             **mamba_shape(d.attention_types, d.mamba_inner_size),
-            "value_head": args.training.train_impl == "rm"}
+            "value_head": args.training.train_impl == "rm",
+            **({"position_table": POSITION_TABLE} if m.pos_emb == "sinusoidal" else {})}
+
+
+def position_table_warning(pos_emb: str | None, run: dict, where) -> str | None:
+    """The warning for a checkpoint of sinusoidal positions written before its manifest recorded
+    the table's layout: those versions interleaved sines and cosines, this one lays the table
+    out as GPT-NeoX does (every sine, then every cosine). None for any other checkpoint."""
+    if pos_emb != "sinusoidal" or run.get("position_table") == POSITION_TABLE:
+        return None
+    return (f"checkpoint {where} was trained with pos_emb: sinusoidal by an earlier version of "
+            "this project, whose position table interleaved sines and cosines; this version "
+            "lays it out as GPT-NeoX does (every sine, then every cosine), so the model now sees "
+            "other position signals than it learned: fine-tune it for a while, or generate and "
+            "evaluate it with the version that trained it")
 
 
 def mamba_shape(attention_types, inner_size: int) -> dict:

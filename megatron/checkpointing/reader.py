@@ -25,8 +25,10 @@ import torch
 from megatron.checkpointing.layout import CONFIG_NAME, iteration_of
 from megatron.checkpointing import neox_format
 from megatron.checkpointing.locate import checkpoint_dir, open_verified
-from megatron.checkpointing.model_shape import describe_shape, reward_model_refusal
+from megatron.checkpointing.model_shape import (describe_shape, position_table_warning,
+                                                reward_model_refusal)
 from megatron.checkpointing.weights import full_weights
+from megatron.monitoring.logger import get_logger, global_rank
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,9 @@ def read_checkpoint(load: str | Path | None, iteration: int | None = None,
                                 "config it was saved with, so its tensor-parallel layout is "
                                 "unknown")
     saved = NeoXArgs.from_yml_saved(config_path)
+    note = position_table_warning(saved.model.pos_emb, manifest.run, step_dir)
+    if note and global_rank() == 0:
+        get_logger(__name__).warning("%s", note)
     canonical = full_weights(step_dir, manifest=manifest)
     tp = int(manifest.run.get("tp") or 1)
     return CheckpointWeights(step_dir, iteration_of(step_dir.name), tp, canonical, saved)

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from megatron.monitoring.trackers import METRICS_FILE
+
 INSTALL_HINT = ("matplotlib is not installed: pip install -r requirements/requirements-plot.txt "
                 "(or pip install -e '.[plot]')")
 
@@ -93,7 +95,7 @@ def load_run(log_dir: str | Path, name: str | None = None,
              seq_length: int | None = None) -> Run:
     """The run logged in `log_dir`; an explicit `seq_length` is used as given."""
     log_dir = Path(log_dir)
-    train, valid, test = read_records(log_dir / "metrics.jsonl")
+    train, valid, test = read_records(log_dir / METRICS_FILE)
     return Run(name or log_dir.resolve().name, log_dir, train, valid, test,
                seq_length if seq_length is not None else saved_seq_length(log_dir))
 
