@@ -34,7 +34,8 @@ import numpy as np
 
 from megatron.data.indexed_dataset import (IGNORE_LABEL, MMapIndexedDatasetBuilder,
                                            best_fitting_dtype, index_file_path)
-from megatron.data.preprocess import _open_text, expand_inputs
+from megatron.data.preprocess_inputs import (expand_inputs, json_type, open_text,
+                                             require_package)
 from megatron.monitoring.logger import get_logger
 from megatron.paths import make_output_dir
 from megatron.monitoring.progress import progress
@@ -50,6 +51,7 @@ class ChatOptions:
     only_last: bool = False
     for_rm: bool = False
     no_mask: bool = False
+    ftfy: bool = False  # each message's content through ftfy.fix_text before rendering
 
 
 def load_chat_tokenizer(path: str):
@@ -152,7 +154,7 @@ def iter_conversations(files: Sequence[str], keys: Sequence[str], reward_key: st
                        ) -> Iterator[tuple[str, dict]]:
     """(where, record) for each jsonl line with every key (and the reward key) present."""
     for path in files:
-        with _open_text(path) as f:
+        with open_text(path) as f:
             for line_no, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
@@ -161,6 +163,9 @@ def iter_conversations(files: Sequence[str], keys: Sequence[str], reward_key: st
                     record = json.loads(line)
                 except json.JSONDecodeError as err:
                     raise ValueError(f"{where} is not valid JSON: {err}") from None
+                if not isinstance(record, dict):
+                    raise ValueError(f"{where} is a JSON {json_type(record)}, not an object "
+                                     f"with the conversation under {', '.join(keys)}")
                 for key in list(keys) + ([reward_key] if reward_key else []):
                     if key not in record:
                         raise ValueError(f"{where} has no key {key!r} (it has: "
@@ -194,10 +199,22 @@ def reward_value(value: Any, binary: bool, where: str) -> float:
 _WORKER: dict = {}
 
 
+def fixed_messages(messages: Any, fix_text) -> Any:
+    """`messages` with each message's text content run through `fix_text`; anything else (a
+    role, a content that is not text, messages that are not a list) as it was, for
+    _check_messages to judge."""
+    if not isinstance(messages, list):
+        return messages
+    return [{**m, "content": fix_text(m["content"])}
+            if isinstance(m, dict) and isinstance(m.get("content"), str) else m
+            for m in messages]
+
+
 def _init_worker(tokenizer_path: str, keys: tuple, options: ChatOptions,
                  reward_key: str | None, binary_reward: bool) -> None:
+    fix_text = require_package("ftfy", "--ftfy").fix_text if options.ftfy else None
     _WORKER.update(tokenizer=load_chat_tokenizer(tokenizer_path), keys=keys, options=options,
-                   reward_key=reward_key, binary=binary_reward)
+                   reward_key=reward_key, binary=binary_reward, fix_text=fix_text)
 
 
 def _render_record(item: tuple[str, dict]) -> list[tuple[list, list, float | None]]:
@@ -206,7 +223,9 @@ def _render_record(item: tuple[str, dict]) -> list[tuple[list, list, float | Non
     w = _WORKER
     reward = (reward_value(record[w["reward_key"]], w["binary"], where) if w["reward_key"]
               else None)
-    return [(*render(w["tokenizer"], record[key], w["options"], f"{where} ({key})"), reward)
+    fix = w["fix_text"]
+    return [(*render(w["tokenizer"], fixed_messages(record[key], fix) if fix else record[key],
+                     w["options"], f"{where} ({key})"), reward)
             for key in w["keys"]]
 
 
@@ -231,6 +250,8 @@ def preprocess_chat(inputs: str | Sequence[str], output_prefix: str, tokenizer_p
                     workers: int = 1, log_interval: int = 0) -> ChatResult:
     """Render every conversation of `inputs` (by `workers` processes) and write the token,
     label and reward files; every `log_interval` conversations a progress line is logged."""
+    if options.ftfy:
+        require_package("ftfy", "--ftfy")  # before any output is written
     tokenizer = load_chat_tokenizer(tokenizer_path)
     files = expand_inputs(inputs)
     dtype = best_fitting_dtype(len(tokenizer))

@@ -24,8 +24,8 @@ from typing import Sequence
 from megatron.data.chat_preprocess import ChatResult
 from megatron.data.indexed_dataset import (IGNORE_LABEL, MMapIndexedDatasetBuilder,
                                            best_fitting_dtype, index_file_path)
-from megatron.data.preprocess import (_open_text, _tokenizers_threads_off, expand_inputs,
-                                      iter_documents)
+from megatron.data.preprocess import _tokenizers_threads_off
+from megatron.data.preprocess_inputs import expand_inputs, iter_documents, open_text
 from megatron.monitoring.logger import get_logger
 from megatron.paths import make_output_dir
 from megatron.monitoring.progress import progress
@@ -75,7 +75,7 @@ class _Records:
     def __iter__(self):
         keys = (self.rule.prompt_key, self.rule.completion_key)
         for path in self.files:
-            with _open_text(path) as f:
+            with open_text(path) as f:
                 for line_no, line in enumerate(f, start=1):
                     if not line.strip():
                         continue

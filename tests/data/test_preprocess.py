@@ -117,7 +117,7 @@ def test_progress_reports_rates(tmp_path, caplog, monkeypatch):
     ('{"text": "a"}\nnot json\n', "line 2 is not valid JSON"),
     ('{"text": "a"}\n{"text": null}\n', "line 2: 'text' is null, not a string"),
     ('{"text": 5}\n', "line 1: 'text' is 5, not a string"),
-    ('["text"]\n', "line 1 is a JSON list, not an object"),
+    ('["text"]\n', "line 1 is a JSON array, not an object"),
     (b'{"text": "a"}\n{"text": "\xd2\xff"}\n', r"bad.jsonl is not UTF-8 text \(invalid continuation byte at or after line "),
     (b"garbage", r"is not a gzip file \(Not a gzipped file"),
 ])

@@ -8,7 +8,9 @@ r"""Tokenize jsonl(.gz/.zst) / json.zst / txt files into GPT-NeoX `.bin`/`.idx` 
     # writes data/mydata_text_document.bin and .idx; train with
     #   data_path: data/mydata_text_document
 
---input takes files, directories (searched recursively) or a comma-separated list of them.
+--input takes files, directories (searched recursively) or a comma-separated list of them. A
+jsonl line is an object with a string under each --jsonl-keys key; with the default key (text)
+also a bare string, or paragraphs as {"text": [...]}, as lm_dataformat reads them (docs/data.md).
 GPT-NeoX's command lines run unchanged, e.g. with a .jsonl.zst input, --num-docs and --ftfy
 (.zst inputs and --ftfy need: pip install -r requirements/requirements-data.txt).
 """

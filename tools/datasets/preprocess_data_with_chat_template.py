@@ -11,6 +11,8 @@ KTO, reward models), with GPT-NeoX's flags.
 Each jsonl line holds, under every --jsonl-keys key, a list of {"role", "content"} messages.
 Only the turns of --generation-role (default assistant) carry loss; --only-last keeps only the
 last turn's; --for-rm writes the reward-model format; --reward-key adds a reward file (KTO).
+--ftfy runs each message's content through ftfy.fix_text before the template renders it (it and
+.zst inputs need `pip install -r requirements/requirements-data.txt`).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     group.add_argument("--tokenizer-path", required=True,
                        help="a Hugging Face tokenizer directory that has a chat template")
     group.add_argument("--ftfy", action="store_true",
-                       help="accepted for GPT-NeoX's command lines and refused: fix text first")
+                       help="fix each message's content with ftfy.fix_text before rendering")
     group = parser.add_argument_group("output data")
     group.add_argument("--output-prefix", required=True,
                        help="writes {prefix}_{key}_document, _label_document, _reward_document")
@@ -66,10 +68,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.ftfy:
-        raise ValueError("--ftfy is not supported: fix the text's encoding before preprocessing")
     options = ChatOptions(generation_role=args.generation_role, only_last=args.only_last,
-                          for_rm=args.for_rm, no_mask=args.no_mask)
+                          for_rm=args.for_rm, no_mask=args.no_mask, ftfy=args.ftfy)
     result = preprocess_chat(args.input, args.output_prefix, args.tokenizer_path,
                              args.jsonl_keys, options, reward_key=args.reward_key,
                              binary_reward=args.binary_reward, num_docs=args.num_docs,
