@@ -83,6 +83,10 @@ def test_weight_by_num_documents_overrides_weights(prefixes, caplog):
                             train_valid_test_num_samples=(100, 0, 0))
     assert "train_data_weights are ignored" in caplog.text
     assert train.weights[0] < 0.5  # 100 vs 40 documents: (1 - share) favours the smaller one
+    # GPT-NeoX's counts: each file's whole document count (its indexed_dataset.sizes.shape[0])
+    share = np.array([100, 40]) / 140
+    expected = share ** 0.5 * (1 - share)
+    np.testing.assert_allclose(train.weights, expected / expected.sum(), rtol=1e-12)
 
 
 @pytest.mark.parametrize("kwargs, pattern", [
