@@ -7,6 +7,9 @@ nothing) -> refuse unknown keys and other GPT-NeoX-only values -> merge left to 
 source replacing a key's whole value (recorded with both sources) -> apply overrides ("key=value"
 strings parsed as YAML, or a dict; "optimizer.params.lr=0.001" sets inside a mapping) -> check
 every value against its field's type. Defaults are filled in by the section dataclasses.
+
+Where each value was last set is kept by key path (`Resolved.origins`): a file's path, or
+"command-line override `key=value`" as it was written; value errors name it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from .sections import FIELD_SECTION, SECTIONS
 log = get_logger(__name__)
 
 COMMAND_LINE = "command line"
+CURRENT = "current config"  # NeoXArgs.replace / with_world_size: the config being changed
 REPLACED = "replace()"  # NeoXArgs.replace: values the code sets, not the user
 FIELD_TYPES: dict[str, Any] = {
     name: tp for cls in SECTIONS.values() for name, tp in field_types(cls).items()
@@ -47,10 +51,16 @@ MAPPING_KEYS = frozenset(k for k, tp in FIELD_TYPES.items() if "mapping" in desc
 
 @dataclass
 class Resolved:
-    """The keys a user set (canonical name -> typed value), where each came from, and the log."""
+    """The keys a user set (canonical name -> typed value), where each came from, and the log.
+
+    `sources` names the source of each key as the log does ("command line"); `origins` holds,
+    by key path ("optimizer", "optimizer.params.lr"), where errors say the value was set: a
+    file, "command-line override `key=value`", or None for a value the code set.
+    """
 
     values: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
+    origins: dict[str, str | None] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
     changed: dict[str, list[str]] = field(default_factory=dict)  # source -> keys it changed
 
@@ -108,15 +118,19 @@ def read_yml(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
-def parse_overrides(overrides: Iterable[str] | Mapping[str, Any] | None) -> dict[str, Any]:
-    """Overrides as a dict: "key=value" strings have their value parsed as YAML."""
+def parse_overrides(
+    overrides: Iterable[str] | Mapping[str, Any] | None,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Overrides as (key -> value, key -> the override as written): "key=value" strings have
+    their value parsed as YAML; a dict's items are written key=<JSON value>."""
     if overrides is None:
-        return {}
+        return {}, {}
     if isinstance(overrides, Mapping):
-        return dict(overrides)
+        return dict(overrides), {k: f"{k}={show(v)}" for k, v in overrides.items()}
     if isinstance(overrides, str):
         overrides = [overrides]
     parsed: dict[str, Any] = {}
+    texts: dict[str, str] = {}
     for item in overrides:
         key, sep, text = str(item).partition("=")
         if not sep or not key.strip():
@@ -127,7 +141,8 @@ def parse_overrides(overrides: Iterable[str] | Mapping[str, Any] | None) -> dict
             parsed[key.strip()] = yaml.safe_load(text)
         except yaml.YAMLError as e:
             raise ConfigError(f"Override '{item}': the value is not valid YAML ({e}).") from None
-    return parsed
+        texts[key.strip()] = f"{key.strip()}={text.strip()}"
+    return parsed, texts
 
 
 def _nearest(key: str) -> str:
@@ -182,12 +197,40 @@ def _set_nested(base: Any, path: list[str], value: Any, raw: str, source: str) -
     return result
 
 
+def _origin(source: str, raw: str, texts: Mapping[str, str]) -> str | None:
+    """Where errors say `source` set the key written `raw`; None for the code's own values."""
+    if source == REPLACED:
+        return None
+    if source == COMMAND_LINE:
+        return f"command-line override `{texts.get(raw, raw)}`"
+    return source
+
+
+def _record_origin(origins: dict[str, str | None], path: str, origin: str | None) -> None:
+    for inner in [p for p in origins if p.startswith(path + ".")]:
+        del origins[inner]  # the value at `path` was replaced whole, what was set inside too
+    origins[path] = origin
+
+
+def origin_of(origins: Mapping[str, str | None], path: str) -> str | None:
+    """Where the value at key path `path` ("optimizer.params.lr") was last set: its own entry,
+    else that of the nearest mapping above it; None when not known or set by the code."""
+    parts = path.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in origins:
+            return origins[prefix]
+    return None
+
+
 def merge_layer(
-    resolved: Resolved, source: str, values: Mapping[str, Any], log_defaults: bool = False
+    resolved: Resolved, source: str, values: Mapping[str, Any], log_defaults: bool = False,
+    texts: Mapping[str, str] | None = None,
 ) -> None:
     """Apply one source's keys on top of `resolved`. A key set again is recorded with both
     sources, and counted among the source's changes when its value changes; with log_defaults
-    (command-line overrides), a key replacing its default is too."""
+    (command-line overrides), a key replacing its default is too. `texts` holds the
+    command-line overrides as typed (parse_overrides), which errors quote."""
     written: dict[str, str] = {}
     for raw, value in values.items():
         head, *rest = raw.split(".") if isinstance(raw, str) else (raw,)
@@ -222,6 +265,9 @@ def merge_layer(
                 resolved.changed.setdefault(source, []).append(key)
         resolved.values[key] = value
         resolved.sources[key] = source
+        if source != CURRENT:  # the config being changed keeps the origins it had
+            path = ".".join([key, *rest])
+            _record_origin(resolved.origins, path, _origin(source, raw, texts or {}))
 
 
 def log_overrides(record: Iterable[str]) -> None:
@@ -232,6 +278,7 @@ def log_overrides(record: Iterable[str]) -> None:
 
 
 def _typed(key: str, value: Any, source: str) -> Any:
+    """`value` in the type of field `key`; `source` is where the error says it was set."""
     try:
         value = coerce(value, FIELD_TYPES[key])
     except TypeMismatch as e:
@@ -271,19 +318,23 @@ def _normalise_optimizer(opt: dict) -> dict:
 
 
 def resolve(
-    layers: Iterable[tuple[str, Mapping[str, Any]]], log_defaults_from: Iterable[str] = ()
+    layers: Iterable[tuple[str, Mapping[str, Any]]], log_defaults_from: Iterable[str] = (),
+    texts: Mapping[str, str] | None = None, origins: Mapping[str, str | None] | None = None,
 ) -> Resolved:
     """Merge (source, values) layers left to right and type every value that was set; every key
-    of a source named in log_defaults_from is logged, even when it only replaces a default."""
-    resolved = Resolved()
+    of a source named in log_defaults_from is logged, even when it only replaces a default.
+    `texts`: the command-line overrides as typed; `origins`: those of the config a CURRENT
+    layer holds (`Resolved.origins`)."""
+    resolved = Resolved(origins=dict(origins or {}))
     log_sources = set(log_defaults_from)
     for source, values in layers:
-        merge_layer(resolved, source, values, log_defaults=source in log_sources)
+        merge_layer(resolved, source, values, source in log_sources, texts)
     for source, keys in resolved.changed.items():  # one line per source; each value at debug
         log.info("config: %s %s %s (log_level: debug lists each value)", source,
                  "sets" if source == COMMAND_LINE else "overrides", ", ".join(keys))
     resolved.values = {
-        k: _typed(k, v, resolved.sources[k]) for k, v in resolved.values.items()
+        k: _typed(k, v, origin_of(resolved.origins, k) or resolved.sources[k])
+        for k, v in resolved.values.items()
     }
     return resolved
 

@@ -57,6 +57,8 @@ class NeoXArgs:
     derived: Derived = field(compare=False, repr=False)
     overrides_log: tuple[str, ...] = field(default=(), compare=False, repr=False)
     world_size_override: int | None = field(default=None, compare=False, repr=False)
+    # key path -> the file or command-line override that set it (load.Resolved.origins)
+    origins: Mapping[str, str | None] = field(default_factory=dict, compare=False, repr=False)
 
     # ---- construction -------------------------------------------------------------------
 
@@ -75,8 +77,9 @@ class NeoXArgs:
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         layers = load.file_layers(paths)
-        layers.append((load.COMMAND_LINE, load.parse_overrides(overrides)))
-        return cls._from_layers(layers, world_size)
+        values, texts = load.parse_overrides(overrides)
+        layers.append((load.COMMAND_LINE, values))
+        return cls._from_layers(layers, world_size, texts=texts)
 
     @classmethod
     def from_dict(
@@ -92,34 +95,37 @@ class NeoXArgs:
 
     @classmethod
     def _from_layers(
-        cls, layers: list, world_size: int | None, log: tuple[str, ...] = ()
+        cls, layers: list, world_size: int | None, log: tuple[str, ...] = (),
+        texts: Mapping[str, str] | None = None,
+        origins: Mapping[str, str | None] | None = None,
     ) -> NeoXArgs:
-        resolved = load.resolve(layers, log_defaults_from=(load.COMMAND_LINE, load.REPLACED))
+        resolved = load.resolve(layers, (load.COMMAND_LINE, load.REPLACED), texts, origins)
         sections = load.build_sections(resolved.values)
         flat = _flat(sections)
         if world_size is not None and (
             isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1
         ):
             raise ConfigError(f"world_size({world_size!r}) must be an integer of at least 1.")
-        validate(flat, world_size)
+        validate(flat, world_size, resolved.origins)
         return cls(
             **sections,
             derived=compute_derived(flat, world_size),
             overrides_log=tuple(log) + tuple(resolved.log),
             world_size_override=world_size,
+            origins=resolved.origins,
         )
 
     def replace(self, world_size: int | None = None, **values: Any) -> NeoXArgs:
         """A new validated config with these flat keys changed (for `world_size` ranks when
         given, else the same world size rule)."""
-        layers = [("current config", self.to_dict()), (load.REPLACED, values)]
+        layers = [(load.CURRENT, self.to_dict()), (load.REPLACED, values)]
         world = self.world_size_override if world_size is None else world_size
-        return self._from_layers(layers, world, self.overrides_log)
+        return self._from_layers(layers, world, self.overrides_log, origins=self.origins)
 
     def with_world_size(self, world_size: int) -> NeoXArgs:
         """This config validated and derived for `world_size` ranks (workers pass $WORLD_SIZE)."""
-        layers = [("current config", self.to_dict())]
-        return self._from_layers(layers, world_size, self.overrides_log)
+        layers = [(load.CURRENT, self.to_dict())]
+        return self._from_layers(layers, world_size, self.overrides_log, origins=self.origins)
 
     # ---- reading -----------------------------------------------------------------------
 

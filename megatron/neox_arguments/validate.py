@@ -1,25 +1,28 @@
 """A15: the config is consistent. Every rule names the keys, their values and what must hold.
 
-`validate(c, world_size)` checks the flat, typed config `c` (every field, after merging) and
-raises one `ConfigError` listing every broken rule. Required keys are checked first: the other
-rules need them. Warnings (settings that are ignored) go to the project logger.
+`validate(c, world_size, origins)` checks the flat, typed config `c` (every field, after merging)
+and raises one `ConfigError` listing every broken rule. Required keys are checked first: the
+other rules need them. A rule about one key's value yields a `BadValue` at its key path, and its
+message starts with where that value was set (`origins`: the file or command-line override).
+Warnings (settings that are ignored) go to the project logger.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 from . import derived as d
-from .errors import ConfigError
+from .errors import BadValue, ConfigError, Problems
+from .load import origin_of
 from .registries import REGISTRIES, check_choice
 from .sections.deepspeed import (BF16_KEYS, FP16_KEYS, GRAD_ACCUM_DTYPES, NEOX_FP16_EXTRA_KEYS,
                                  SWITCH_KEYS, ZERO_KEYS)
 from .sections.launcher import MPI_LAUNCHERS
-from .sections.optimization import OPTIMIZER_PARAMS
 from .validate_mamba import mamba_rules
 from .validate_moe import moe_rules
+from .validate_optimizer import optimizer_rules
 from .validate_post_training import post_training_rules
 
 
@@ -43,12 +46,16 @@ GENERATED_DS_KEYS = {
 }
 
 
-def validate(c: Config, world_size: int | None = None) -> None:
-    """Raise `ConfigError` listing every consistency rule `c` breaks (A15)."""
-    problems = list(_required(c))
-    if not problems:
+def validate(
+    c: Config, world_size: int | None = None, origins: Mapping[str, str | None] | None = None
+) -> None:
+    """Raise `ConfigError` listing every consistency rule `c` breaks (A15); `origins` says where
+    each value was set, by key path (load.Resolved.origins)."""
+    found = list(_required(c))
+    if not found:
         for rule in RULES:
-            problems.extend(rule(c, world_size))
+            found.extend(rule(c, world_size))
+    problems = [_located(p, origins or {}) for p in found]
     if len(problems) == 1:
         raise ConfigError(problems[0])
     if problems:
@@ -57,22 +64,30 @@ def validate(c: Config, world_size: int | None = None) -> None:
         )
 
 
-def _required(c: Config) -> Iterator[str]:
+def _located(problem: str | BadValue, origins: Mapping[str, str | None]) -> str:
+    """The problem's message, after where its value was set when it is about one value."""
+    if isinstance(problem, str):
+        return problem
+    where = origin_of(origins, problem.path)
+    return f"{where}: {problem.message}" if where else problem.message
+
+
+def _required(c: Config) -> Problems:
     for key in REQUIRED:
         if c[key] is None:
             yield f"{key} is required but not set; add it to a config file or the command line."
         elif c[key] < 1:
-            yield f"{key}({c[key]}) must be at least 1."
+            yield BadValue(key, f"{key}({c[key]}) must be at least 1.")
 
 
-def _choice(key: str, value: str) -> Iterator[str]:
+def _choice(key: str, value: str) -> Problems:
     try:
         check_choice(key, value)
     except ConfigError as e:
-        yield str(e)
+        yield BadValue(key, str(e))
 
 
-def _choices(c: Config, world_size: int | None) -> Iterator[str]:
+def _choices(c: Config, world_size: int | None) -> Problems:
     for key in REGISTRIES:
         if isinstance(c.get(key), str):  # attention_config and optimizer.type are checked apart
             yield from _choice(key, c[key])
@@ -81,21 +96,22 @@ def _choices(c: Config, world_size: int | None) -> Iterator[str]:
         try:
             re.compile(method[len("type:"):])
         except re.error as e:
-            yield f"pipe_partition_method '{method}' has an invalid regex after 'type:': {e}."
+            yield BadValue("pipe_partition_method", f"pipe_partition_method '{method}' has an "
+                                                    f"invalid regex after 'type:': {e}.")
         else:
             yield from _partition_matches(c, method)
     elif method not in ("parameters", "uniform"):
-        yield (
+        yield BadValue("pipe_partition_method", (
             f"pipe_partition_method '{method}' is not valid; use parameters, uniform or "
             "type:<regex> (e.g. type:transformer)."
-        )
+        ))
 
 
 # the class of each kind of block in the pipeline (megatron/model/gpt.py, mamba.py)
 BLOCK_CLASSES = {"transformer": "TransformerLayerPipe", "mamba": "MambaLayerPipe"}
 
 
-def _partition_matches(c: Config, method: str) -> Iterator[str]:
+def _partition_matches(c: Config, method: str) -> Problems:
     """DeepSpeed's pipeline balances `type:<regex>` over the layers whose class name the regex
     finds (any case) and fails inside every worker when it finds none: name the blocks."""
     if c["pipe_parallel_size"] < 1:
@@ -107,9 +123,10 @@ def _partition_matches(c: Config, method: str) -> Iterator[str]:
     kinds = sorted({"mamba" if t == "mamba" else "transformer" for t in types}, reverse=True)
     pattern = re.compile(method[len("type:"):], re.IGNORECASE)
     if not any(pattern.search(BLOCK_CLASSES[k]) for k in kinds):
-        yield (f"pipe_partition_method '{method}' matches none of this model's blocks "
-               f"({', '.join(BLOCK_CLASSES[k] for k in kinds)}), so the pipeline stages cannot "
-               f"be balanced by it: use type:{'|'.join(kinds)} or parameters.")
+        yield BadValue("pipe_partition_method", (
+            f"pipe_partition_method '{method}' matches none of this model's blocks "
+            f"({', '.join(BLOCK_CLASSES[k] for k in kinds)}), so the pipeline stages cannot "
+            f"be balanced by it: use type:{'|'.join(kinds)} or parameters."))
 
 
 def _transformer_layers(c: Config) -> bool:
@@ -121,10 +138,10 @@ def _transformer_layers(c: Config) -> bool:
         return True  # reported by _attention
 
 
-def _heads(c: Config, world_size: int | None) -> Iterator[str]:
+def _heads(c: Config, world_size: int | None) -> Problems:
     h, heads, tp = c["hidden_size"], c["num_attention_heads"], c["model_parallel_size"]
     if tp < 1:
-        yield f"model_parallel_size({tp}) must be at least 1."
+        yield BadValue("model_parallel_size", f"model_parallel_size({tp}) must be at least 1.")
         return
     if not _transformer_layers(c):
         return
@@ -146,7 +163,7 @@ def _heads(c: Config, world_size: int | None) -> Iterator[str]:
             )
 
 
-def _shape(c: Config, world_size: int | None) -> Iterator[str]:
+def _shape(c: Config, world_size: int | None) -> Problems:
     h, heads = c["hidden_size"], c["num_attention_heads"]
     if c["seq_length"] > c["max_position_embeddings"]:
         yield (
@@ -154,7 +171,8 @@ def _shape(c: Config, world_size: int | None) -> Iterator[str]:
             f"({c['max_position_embeddings']}); seq_length must be at most max_position_embeddings."
         )
     if c["pipe_parallel_size"] < 0:
-        yield f"pipe_parallel_size({c['pipe_parallel_size']}) must be 0 or more."
+        yield BadValue("pipe_parallel_size",
+                       f"pipe_parallel_size({c['pipe_parallel_size']}) must be 0 or more.")
     elif c["pipe_parallel_size"] > c["num_layers"]:
         yield (
             f"pipe_parallel_size({c['pipe_parallel_size']}) > num_layers({c['num_layers']}); "
@@ -163,27 +181,25 @@ def _shape(c: Config, world_size: int | None) -> Iterator[str]:
     if c["pos_emb"] == "rotary" and h % heads == 0 and _transformer_layers(c):
         rot = int(h // heads * c["rotary_pct"])
         if not 0 < c["rotary_pct"] <= 1 or rot < 2 or rot % 2:
-            yield (
+            yield BadValue("rotary_pct", (
                 f"rotary_pct({c['rotary_pct']}) * head dim({h // heads}) = {rot} rotary dims; "
                 "rotary_pct must be in (0, 1] and give an even number of at least 2."
-            )
-    for key in ("mlp_multiple_of", "make_vocab_size_divisible_by", "intermediate_size",
-                "checkpoint_num_layers", "rotary_emb_base"):
-        if c[key] is not None and c[key] < 1:
-            yield f"{key}({c[key]}) must be at least 1."
+            ))
+    yield from _at_least(c, 1, "mlp_multiple_of", "make_vocab_size_divisible_by",
+                         "intermediate_size", "checkpoint_num_layers", "rotary_emb_base")
     for key in ("hidden_dropout", "attention_dropout"):
         if not 0 <= c[key] < 1:
-            yield f"{key}({c[key]}) must be in [0, 1)."
+            yield BadValue(key, f"{key}({c[key]}) must be in [0, 1).")
     for key in ("init_method_std", "layernorm_epsilon", "rms_norm_epsilon", "scalenorm_epsilon"):
         if not c[key] > 0:
-            yield f"{key}({c[key]}) must be greater than 0."
+            yield BadValue(key, f"{key}({c[key]}) must be greater than 0.")
 
 
-def _attention(c: Config, world_size: int | None) -> Iterator[str]:
+def _attention(c: Config, world_size: int | None) -> Problems:
     try:
         types = d.expand_attention_types(c["attention_config"], c["num_layers"])
     except ConfigError as e:
-        yield str(e)
+        yield BadValue("attention_config", str(e))
         return
     if len(types) != c["num_layers"]:
         yield (
@@ -196,7 +212,7 @@ def _attention(c: Config, world_size: int | None) -> Iterator[str]:
     if "local" in types and width is None:
         yield "attention_config has local layers, so sliding_window_width must be set."
     if width is not None and width < 1:
-        yield f"sliding_window_width({width}) must be at least 1."
+        yield BadValue("sliding_window_width", f"sliding_window_width({width}) must be at least 1.")
     if width is not None and not {"flash", "local"} & set(types):
         yield (
             f"sliding_window_width({width}) is set but no layer uses it: only 'flash' and "
@@ -212,7 +228,7 @@ def _world_size(c: Config, world_size: int | None) -> tuple[int, str]:
     return world, f"num_nodes({c['num_nodes']}) * num_gpus({c['num_gpus']}) = {world}"
 
 
-def _world(c: Config, world_size: int | None) -> Iterator[str]:
+def _world(c: Config, world_size: int | None) -> Problems:
     tp, pp = c["model_parallel_size"], c["pipe_parallel_size"]
     world, where = _world_size(c, world_size)
     stages = d.pipeline_stages(pp)
@@ -228,7 +244,8 @@ def _world(c: Config, world_size: int | None) -> Iterator[str]:
         return
     stage = c["zero_optimization"].get("stage", 0)
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage <= 3:
-        yield f"zero_optimization.stage({stage!r}) must be 0, 1, 2 or 3."
+        yield BadValue("zero_optimization.stage",
+                       f"zero_optimization.stage({stage!r}) must be 0, 1, 2 or 3.")
     elif stage >= 2 and pp >= 1:
         yield (
             f"zero_optimization.stage({stage}) with pipe_parallel_size({pp}): DeepSpeed's "
@@ -249,7 +266,7 @@ def _world(c: Config, world_size: int | None) -> Iterator[str]:
             yield str(e)
 
 
-def _global_num_gpus(c: Config, world_size: int | None) -> Iterator[str]:
+def _global_num_gpus(c: Config, world_size: int | None) -> Problems:
     """GPT-NeoX's global_num_gpus is the number of processes, derived here: a value is checked.
 
     With a hostfile and no launcher-given world size the check waits for the launch, which
@@ -267,14 +284,14 @@ def _global_num_gpus(c: Config, world_size: int | None) -> Iterator[str]:
         )
 
 
-def _batch_triple(c: Config, dp: int) -> Iterator[str]:
+def _batch_triple(c: Config, dp: int) -> Problems:
     train, micro, accum = (
         c["train_batch_size"], c["train_micro_batch_size_per_gpu"], c["gradient_accumulation_steps"]
     )
     for key, value in (("train_batch_size", train), ("train_micro_batch_size_per_gpu", micro),
                        ("gradient_accumulation_steps", accum)):
         if value is not None and value < 1:
-            yield f"{key}({value}) must be at least 1."
+            yield BadValue(key, f"{key}({value}) must be at least 1.")
             return
     if None not in (train, micro, accum) and train != micro * accum * dp:
         yield (
@@ -284,17 +301,19 @@ def _batch_triple(c: Config, dp: int) -> Iterator[str]:
         )
 
 
-def _precision(c: Config, world_size: int | None) -> Iterator[str]:
+def _precision(c: Config, world_size: int | None) -> Problems:
     fp16, bf16, precision = c["fp16"], c["bf16"], c["precision"]
     for name, section, known in (("fp16", fp16, FP16_KEYS + NEOX_FP16_EXTRA_KEYS),
                                  ("bf16", bf16, BF16_KEYS)):
         for key in sorted(set(section or ()) - set(known)):
-            yield f"{name}.{key} is not a DeepSpeed {name} option; valid keys: {', '.join(known)}."
+            yield BadValue(f"{name}.{key}", f"{name}.{key} is not a DeepSpeed {name} option; "
+                                            f"valid keys: {', '.join(known)}.")
         for key in SWITCH_KEYS:
             value = (section or {}).get(key)
             if value is not None and not isinstance(value, bool):
-                yield (f"{name}.{key} must be true or false, but it is {value!r} "
-                       f"({type(value).__name__}); write it without quotes.")
+                yield BadValue(f"{name}.{key}", (
+                    f"{name}.{key} must be true or false, but it is {value!r} "
+                    f"({type(value).__name__}); write it without quotes."))
                 return
     if (fp16 or {}).get("enabled") and (bf16 or {}).get("enabled"):
         yield "fp16.enabled and bf16.enabled are both true; enable one precision mode only."
@@ -310,28 +329,31 @@ def _precision(c: Config, world_size: int | None) -> Iterator[str]:
             yield f"precision is '{precision}' but {name}.enabled is false; make them agree."
 
 
-def _zero_keys(c: Config, world_size: int | None) -> Iterator[str]:
+def _zero_keys(c: Config, world_size: int | None) -> Problems:
     """zero_optimization: only keys DeepSpeed's ZeRO config takes (it refuses any other in every
     worker, in pydantic's words)."""
     for key in sorted(set(c["zero_optimization"]) - set(ZERO_KEYS)):
         close = difflib.get_close_matches(key, ZERO_KEYS, n=3)
-        yield (f"zero_optimization.{key} is not a DeepSpeed ZeRO option"
-               + (f" (did you mean: {', '.join(close)}?)" if close else "")
-               + "; see DeepSpeed's ZeRO configuration for the valid keys.")
+        yield BadValue(f"zero_optimization.{key}", (
+            f"zero_optimization.{key} is not a DeepSpeed ZeRO option"
+            + (f" (did you mean: {', '.join(close)}?)" if close else "")
+            + "; see DeepSpeed's ZeRO configuration for the valid keys."))
 
 
-def _data_types(c: Config, world_size: int | None) -> Iterator[str]:
+def _data_types(c: Config, world_size: int | None) -> Problems:
     """data_types.grad_accum_dtype: a dtype DeepSpeed can accumulate gradients in here."""
     data_types = c["data_types"] or {}
     for key in sorted(set(data_types) - {"grad_accum_dtype"}):
-        yield (f"data_types.{key} is not supported; only grad_accum_dtype is (parameters and "
-               "buffers take the precision's dtype).")
+        yield BadValue(f"data_types.{key}", (
+            f"data_types.{key} is not supported; only grad_accum_dtype is (parameters and "
+            "buffers take the precision's dtype)."))
     accum = data_types.get("grad_accum_dtype")
     if accum is None:
         return
     if accum not in GRAD_ACCUM_DTYPES:
-        yield (f"data_types.grad_accum_dtype({accum!r}) must be one of "
-               f"{', '.join(GRAD_ACCUM_DTYPES)}.")
+        yield BadValue("data_types.grad_accum_dtype", (
+            f"data_types.grad_accum_dtype({accum!r}) must be one of "
+            f"{', '.join(GRAD_ACCUM_DTYPES)}."))
         return
     precision = d.resolve_precision(c["precision"], c["fp16"], c["bf16"])
     stage = c["zero_optimization"].get("stage", 0)
@@ -342,86 +364,13 @@ def _data_types(c: Config, world_size: int | None) -> Iterator[str]:
                "bf16 and fp32, DeepSpeed's bf16 optimizer), or remove data_types.")
 
 
-def _optimizer_params(kind: str, params: dict) -> Iterator[str]:
-    """optimizer.params: only the keys the type's optimizer takes, each of its type; the values
-    the torch optimizers cannot give are refused by name."""
-    known = OPTIMIZER_PARAMS.get(kind.lower())
-    if known is None:  # a type that is not implemented: refused by _choice
-        return
-    unknown = sorted(set(params) - set(known) - {"weight_decay"})  # which is refused below
-    if unknown:
-        yield (f"optimizer.params has {', '.join(unknown)}, which optimizer type {kind} does not "
-               f"take; valid: {', '.join(known)}.")
-    for key in ("adam_w_mode", "bias_correction", "amsgrad", "set_grad_none", "nesterov"):
-        if key in params and not isinstance(params[key], bool):
-            yield f"optimizer.params.{key}({params[key]!r}) must be true or false."
-    if params.get("bias_correction") is False:
-        yield ("optimizer.params.bias_correction(false) is not supported: torch's Adam always "
-               "corrects the moments' bias; remove the key.")
-    if params.get("amsgrad") is True:
-        yield ("optimizer.params.amsgrad(true) is not supported (GPT-NeoX's FusedAdam refuses it "
-               "too); remove the key.")
-    for key in ("momentum", "dampening"):
-        value = params.get(key, 0.0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-            yield f"optimizer.params.{key}({value!r}) must be a number in [0, 1]."
-    if params.get("nesterov") is True and (params.get("momentum", 0.0) <= 0
-                                           or params.get("dampening", 0.0) != 0):
-        yield ("optimizer.params.nesterov(true) needs momentum greater than 0 and dampening 0 "
-               f"(momentum {params.get('momentum', 0.0)}, dampening "
-               f"{params.get('dampening', 0.0)}).")
-
-
-def _optimizer(c: Config, world_size: int | None) -> Iterator[str]:
-    opt = c["optimizer"]
-    extra = sorted(set(opt) - {"type", "params"})
-    if extra or not isinstance(opt.get("type"), str) or not isinstance(opt.get("params", {}), dict):
-        yield (
-            f"optimizer must look like {{type: Adam, params: {{lr: 0.0006, betas: [0.9, 0.95], "
-            f"eps: 1.0e-8}}}}; got {opt!r}."
-        )
-        return
-    yield from _choice("optimizer.type", opt["type"])
-    params = opt.get("params") or {}
-    lr = params.get("lr", 0.001)
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-        yield f"optimizer.params.lr({lr!r}) must be a number greater than 0."
-        return
-    betas = params.get("betas", [0.9, 0.999])
-    if not (isinstance(betas, list) and len(betas) == 2
-            and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)):
-        yield f"optimizer.params.betas({betas!r}) must be two numbers in [0, 1)."
-    eps = params.get("eps", 1e-8)
-    if not isinstance(eps, (int, float)) or not eps > 0:
-        yield f"optimizer.params.eps({eps!r}) must be a number greater than 0."
-    yield from _optimizer_params(opt["type"], params)
-    if "weight_decay" in params:
-        yield (f"optimizer.params.weight_decay({params['weight_decay']}) would not be used: the "
-               f"top-level weight_decay({c['weight_decay']}) decays the matrices. Move the value "
-               "to weight_decay (GPT-NeoX stops on this key too: its optimizer receives "
-               "weight_decay twice).")
-    if c["min_lr"] > lr:
-        yield f"min_lr({c['min_lr']}) > optimizer.params.lr({lr}); min_lr must be at most lr."
-    for key in ("min_lr", "weight_decay", "gradient_clipping"):
-        if c[key] < 0:
-            yield f"{key}({c[key]}) must be 0 or more."
-    if not 0 <= c["warmup"] <= 1:
-        yield f"warmup({c['warmup']}) is a fraction of lr_decay_iters and must be in [0, 1]."
-    fraction = c["lr_decay_fraction"]
-    if fraction is not None and not 0 < fraction <= 1:
-        yield f"lr_decay_fraction({fraction}) is a fraction of train_iters and must be in (0, 1]."
-    if c["use_checkpoint_lr_scheduler"] and c["override_lr_scheduler"]:
-        yield ("use_checkpoint_lr_scheduler and override_lr_scheduler are both true; choose "
-               "one: the checkpoint's learning-rate schedule or the config's.")
-
-
-def _at_least(c: Config, minimum: int, *keys: str) -> Iterator[str]:
+def _at_least(c: Config, minimum: int, *keys: str) -> Problems:
     for key in keys:
         if c[key] is not None and c[key] < minimum:
-            yield f"{key}({c[key]}) must be at least {minimum}."
+            yield BadValue(key, f"{key}({c[key]}) must be at least {minimum}.")
 
 
-def _intervals(c: Config, world_size: int | None) -> Iterator[str]:
+def _intervals(c: Config, world_size: int | None) -> Problems:
     yield from _at_least(c, 1, "lr_decay_iters", "eval_interval", "log_interval",
                          "steps_per_print", "exit_interval", "keep_last_n_checkpoints",
                          "maximum_tokens", "num_samples", "num_gpus", "omp_num_threads",
@@ -432,23 +381,24 @@ def _intervals(c: Config, world_size: int | None) -> Iterator[str]:
                          "hang_timeout_minutes", "hang_step_factor",
                          "hang_timeout_checkpoint_minutes")
     if not 0 <= c["seed"] < 2**32:
-        yield f"seed({c['seed']}) must be in [0, 2**32)."
+        yield BadValue("seed", f"seed({c['seed']}) must be in [0, 2**32).")
     if c["loss_spike_factor"] is not None and c["loss_spike_factor"] <= 1:
-        yield (f"loss_spike_factor({c['loss_spike_factor']}) must be above 1 (a loss that many "
-               "times the recent mean is a spike), or null.")
+        yield BadValue("loss_spike_factor", (
+            f"loss_spike_factor({c['loss_spike_factor']}) must be above 1 (a loss that many "
+            "times the recent mean is a spike), or null."))
     if not 0 <= c["top_p"] <= 1:
-        yield f"top_p({c['top_p']}) must be in [0, 1]."
+        yield BadValue("top_p", f"top_p({c['top_p']}) must be in [0, 1].")
     if c["text_gen_type"] == "input-file" and not c["sample_input_file"]:
         yield "text_gen_type is input-file, so sample_input_file must be set."
 
 
-def _profiling(c: Config, world_size: int | None) -> Iterator[str]:
+def _profiling(c: Config, world_size: int | None) -> Problems:
     if not (c["profile"] or c["memory_profiling"]):
         return
     start, stop, iters = c["profile_step_start"], c["profile_step_stop"], c["train_iters"]
     window = f"profile_step_start({start}) and profile_step_stop({stop})"
     if start < 0:
-        yield f"profile_step_start({start}) must be at least 0."
+        yield BadValue("profile_step_start", f"profile_step_start({start}) must be at least 0.")
     elif stop <= start:
         yield (f"{window}: profile_step_stop must be greater than profile_step_start (the steps "
                "after iteration profile_step_start up to profile_step_stop are profiled).")
@@ -463,7 +413,7 @@ def _profiling(c: Config, world_size: int | None) -> Iterator[str]:
                "directory the memory profile should go to.")
 
 
-def _checkpoint(c: Config, world_size: int | None) -> Iterator[str]:
+def _checkpoint(c: Config, world_size: int | None) -> Problems:
     factor, extra = c["checkpoint_factor"], c["extra_save_iters"]
     if c["save"] is not None and factor is None and extra is None:
         yield (
@@ -478,10 +428,11 @@ def _checkpoint(c: Config, world_size: int | None) -> Iterator[str]:
                 f"be {'at least 1' if low == 1 else 'greater than 1'}."
             )
     if extra is not None and any(i < 0 for i in extra):
-        yield f"extra_save_iters({extra}) must not contain negative iterations."
+        yield BadValue("extra_save_iters",
+                       f"extra_save_iters({extra}) must not contain negative iterations.")
 
 
-def _activation_checkpointing(c: Config, world_size: int | None) -> Iterator[str]:
+def _activation_checkpointing(c: Config, world_size: int | None) -> Problems:
     # without checkpoint_activations the other checkpointing options have nothing to act on;
     # GPT-NeoX accepts them (its pythia/14M.yml and 31M.yml set synchronize_each_layer), and
     # the run's start-up says they change nothing (megatron/model/recompute.py)
@@ -492,13 +443,14 @@ def _activation_checkpointing(c: Config, world_size: int | None) -> Iterator[str
                "partition_activations: true or remove contiguous_checkpointing.")
 
 
-def _data(c: Config, world_size: int | None) -> Iterator[str]:
+def _data(c: Config, world_size: int | None) -> Problems:
     try:
         parts = [float(p) for p in c["split"].replace("/", ",").split(",") if p.strip()]
     except ValueError:
         parts = []
     if not 1 <= len(parts) <= 3 or any(p < 0 for p in parts) or sum(parts) <= 0:
-        yield f"split('{c['split']}') must be up to three non-negative numbers, e.g. \"949,50,1\"."
+        yield BadValue("split", f"split('{c['split']}') must be up to three non-negative "
+                                'numbers, e.g. "949,50,1".')
     names = ("train", "valid", "test")
     given = [c[f"{n}_data_paths"] is not None for n in names]
     if any(given) and not all(given):
@@ -515,10 +467,10 @@ def _data(c: Config, world_size: int | None) -> Iterator[str]:
             )
 
 
-def _launcher(c: Config, world_size: int | None) -> Iterator[str]:
+def _launcher(c: Config, world_size: int | None) -> Problems:
     nodes, rank = c["num_nodes"], c["node_rank"]
     if nodes == 0 or nodes < -1:
-        yield f"num_nodes({nodes}) must be -1 (all hosts) or at least 1."
+        yield BadValue("num_nodes", f"num_nodes({nodes}) must be -1 (all hosts) or at least 1.")
     if rank is not None and (rank < 0 or (nodes >= 1 and rank >= nodes)):
         yield f"node_rank({rank}) must be in [0, num_nodes({nodes}))."
     if c["no_ssh"] and d.resolve_num_nodes(nodes) > 1 and rank is None:
@@ -529,11 +481,12 @@ def _launcher(c: Config, world_size: int | None) -> Iterator[str]:
                "the hostfile listing every node; add hostfile=<path> (one 'hostname slots=N' "
                f"line per node), or remove {given} to run on this machine only.")
     if c["master_port"] is not None and not 1 <= c["master_port"] <= 65535:
-        yield f"master_port({c['master_port']}) must be in [1, 65535]."
+        yield BadValue("master_port", f"master_port({c['master_port']}) must be in [1, 65535].")
     yield from _rank_discovery(c)
     if not c["distributed_timeout_minutes"] > 0:
         minutes = c["distributed_timeout_minutes"]
-        yield f"distributed_timeout_minutes({minutes}) must be greater than 0."
+        yield BadValue("distributed_timeout_minutes",
+                       f"distributed_timeout_minutes({minutes}) must be greater than 0.")
     yield from _at_least(c, 0, "max_restarts")
     if c["max_restarts"] and not c["save"]:
         yield (f"max_restarts({c['max_restarts']}) restarts from the checkpoints in `save`, which "
@@ -543,16 +496,19 @@ def _launcher(c: Config, world_size: int | None) -> Iterator[str]:
                "time (no_ssh): the nodes would restart apart; restart the job from outside "
                "(e.g. your scheduler's requeue), or set max_restarts=0.")
     if not c["signal_grace_seconds"] >= 0:
-        yield (f"signal_grace_seconds({c['signal_grace_seconds']}) must be 0 or more (seconds "
-               "the workers get to save and exit after a signal).")
+        yield BadValue("signal_grace_seconds", (
+            f"signal_grace_seconds({c['signal_grace_seconds']}) must be 0 or more (seconds "
+            "the workers get to save and exit after a signal)."))
     if c["memory_check"] not in (True, False, "warn"):
-        yield f"memory_check({c['memory_check']!r}) must be true, false or 'warn'."
+        yield BadValue("memory_check",
+                       f"memory_check({c['memory_check']!r}) must be true, false or 'warn'.")
     bad = [v for v in c["export_env_vars"] if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v)]
     if bad:
-        yield f"export_env_vars has invalid variable names: {', '.join(map(repr, bad))}."
+        yield BadValue("export_env_vars", f"export_env_vars has invalid variable names: "
+                                          f"{', '.join(map(repr, bad))}.")
 
 
-def _rank_discovery(c: Config) -> Iterator[str]:
+def _rank_discovery(c: Config) -> Problems:
     """deepspeed_mpi / deepspeed_slurm: workers read ranks that only mpirun / srun set."""
     mpi, slurm, launcher = c["deepspeed_mpi"], c["deepspeed_slurm"], c["launcher"]
     if mpi and slurm:
@@ -570,31 +526,32 @@ def _rank_discovery(c: Config) -> Iterator[str]:
                f"of {', '.join(MPI_LAUNCHERS)} and a hostfile, or remove deepspeed_mpi.")
 
 
-def _logging(c: Config, world_size: int | None) -> Iterator[str]:
+def _logging(c: Config, world_size: int | None) -> Problems:
     peak = c["peak_theoretical_tflops"]
     if peak is not None and not peak > 0:
-        yield (
+        yield BadValue("peak_theoretical_tflops", (
             f"peak_theoretical_tflops({peak}) must be greater than 0 (one GPU's peak TFLOP/s), "
             "or null to log no MFU."
-        )
+        ))
     if not re.match(r"^https?://[^/\s]+", c["wandb_host"]):
-        yield f"wandb_host('{c['wandb_host']}') must be a URL such as https://api.wandb.ai."
+        yield BadValue("wandb_host", f"wandb_host('{c['wandb_host']}') must be a URL such as "
+                                     "https://api.wandb.ai.")
 
 
-def _deepspeed_extra(c: Config, world_size: int | None) -> Iterator[str]:
+def _deepspeed_extra(c: Config, world_size: int | None) -> Problems:
     for key in sorted(set(c["deepspeed_extra_args"] or ()) & set(GENERATED_DS_KEYS)):
-        yield (
+        yield BadValue(f"deepspeed_extra_args.{key}", (
             f"deepspeed_extra_args.{key} would replace the value generated from "
             f"{GENERATED_DS_KEYS[key]}; set that key instead."
-        )
+        ))
 
 
-def _tensor_parallel_splits(c: Config, world_size: int | None) -> Iterator[str]:
+def _tensor_parallel_splits(c: Config, world_size: int | None) -> Problems:
     tp = c["model_parallel_size"]
     if tp < 1:
         return
-    ffn = 0 if not _transformer_layers(c) else d.mlp_width(c["hidden_size"], c["intermediate_size"], c["activation"],
-                      c["mlp_multiple_of"])
+    ffn = 0 if not _transformer_layers(c) else d.mlp_width(
+        c["hidden_size"], c["intermediate_size"], c["activation"], c["mlp_multiple_of"])
     if ffn % tp:
         yield (
             f"MLP width({ffn}, from intermediate_size / hidden_size and activation) % "
@@ -608,9 +565,9 @@ def _tensor_parallel_splits(c: Config, world_size: int | None) -> Iterator[str]:
         )
 
 
-RULES: tuple[Callable[[Config, int | None], Iterator[str]], ...] = (
+RULES: tuple[Callable[[Config, int | None], Problems], ...] = (
     _choices, _heads, _tensor_parallel_splits, _shape, _attention, _world, _global_num_gpus,
-    _precision, _zero_keys, _data_types, _optimizer, _intervals, _profiling, _checkpoint,
+    _precision, _zero_keys, _data_types, optimizer_rules, _intervals, _profiling, _checkpoint,
     _activation_checkpointing, _data, _launcher, _logging, _deepspeed_extra, post_training_rules,
     moe_rules, mamba_rules,
 )

@@ -1,14 +1,15 @@
 """A15 for mixture-of-experts layers: the moe_* keys agree with each other and with the layout.
 
-Each rule names the keys, their values and what to change; the model (megatron/model/moe.py)
-relies on them.
+Each rule names the keys, their values and what to change (a rule about one value yields a
+`BadValue` at its key); the model (megatron/model/moe.py) relies on them.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from . import derived as d
+from .errors import BadValue, Problems
 
 Config = Mapping[str, Any]
 # keys that only mean something in a model with experts, and their values that change nothing
@@ -17,13 +18,15 @@ MOE_ONLY = {"moe_top_k": 1, "moe_router_type": "sinkhorn", "moe_normalize_topk":
             "moe_z_loss_coeff": 0.0, "moe_expert_interval": 1}
 
 
-def moe_rules(c: Config, world_size: int | None) -> Iterator[str]:
+def moe_rules(c: Config, world_size: int | None) -> Problems:
     experts, ep = c["moe_num_experts"], c["moe_expert_parallel_size"]
     if experts is None or experts < 1:
-        yield f"moe_num_experts({experts}) must be at least 1 (1: no experts)."
+        yield BadValue("moe_num_experts",
+                       f"moe_num_experts({experts}) must be at least 1 (1: no experts).")
         return
     if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1:
-        yield f"moe_expert_parallel_size({ep!r}) must be a whole number, at least 1."
+        yield BadValue("moe_expert_parallel_size",
+                       f"moe_expert_parallel_size({ep!r}) must be a whole number, at least 1.")
         return
     if experts == 1 and ep != 1:
         yield (f"moe_expert_parallel_size is {ep} but moe_num_experts is 1: there are no "
@@ -42,9 +45,10 @@ def moe_rules(c: Config, world_size: int | None) -> Iterator[str]:
         yield from _expert_parallel(c, experts, ep, world_size)
 
 
-def _routing(c: Config, experts: int) -> Iterator[str]:
+def _routing(c: Config, experts: int) -> Problems:
     if c["moe_expert_interval"] < 1:
-        yield f"moe_expert_interval({c['moe_expert_interval']}) must be at least 1."
+        yield BadValue("moe_expert_interval",
+                       f"moe_expert_interval({c['moe_expert_interval']}) must be at least 1.")
     if not 1 <= c["moe_top_k"] <= experts:
         yield (f"moe_top_k({c['moe_top_k']}) must be between 1 and moe_num_experts({experts}): "
                "a token cannot go to more experts than there are.")
@@ -54,13 +58,14 @@ def _routing(c: Config, experts: int) -> Iterator[str]:
                "moe_normalize_topk.")
     eps = c["moe_jitter_eps"]
     if eps is not None and not 0 < eps < 1:
-        yield f"moe_jitter_eps({eps}) must be in (0, 1), or null for no jitter."
+        yield BadValue("moe_jitter_eps",
+                       f"moe_jitter_eps({eps}) must be in (0, 1), or null for no jitter.")
     for key in ("moe_aux_loss_coeff", "moe_z_loss_coeff"):
         if c[key] < 0:
-            yield f"{key}({c[key]}) must be 0 or more."
+            yield BadValue(key, f"{key}({c[key]}) must be 0 or more.")
 
 
-def _layout(c: Config, experts: int) -> Iterator[str]:
+def _layout(c: Config, experts: int) -> Problems:
     tp = c["model_parallel_size"]
     if tp >= 1 and experts % tp:
         yield (f"moe_num_experts({experts}) % model_parallel_size({tp}) = {experts % tp}; it must "
@@ -71,7 +76,7 @@ def _layout(c: Config, experts: int) -> Iterator[str]:
                "whole sequences on every tensor-parallel rank; set sequence_parallel: false.")
 
 
-def _expert_parallel(c: Config, experts: int, ep: int, world_size: int | None) -> Iterator[str]:
+def _expert_parallel(c: Config, experts: int, ep: int, world_size: int | None) -> Problems:
     tp, pp = c["model_parallel_size"], c["pipe_parallel_size"]
     if tp >= 1 and experts % tp == 0 and (experts // tp) % ep:
         yield (f"moe_num_experts({experts}) / model_parallel_size({tp}) = {experts // tp} "

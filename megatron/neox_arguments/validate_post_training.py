@@ -9,8 +9,9 @@ it reads agree. Each rule names the keys, their values and what to change.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
+from .errors import BadValue, Problems
 from .registries import REGISTRIES
 
 Config = Mapping[str, Any]
@@ -38,7 +39,7 @@ def no_reference_message(impl: str, why: str = "no checkpoint was loaded") -> st
             f"fine-tune{free}")
 
 
-def post_training_rules(c: Config, world_size: int | None) -> Iterator[str]:
+def post_training_rules(c: Config, world_size: int | None) -> Problems:
     yield from _parallel_lists(c)
     if c["train_impl"] in REGISTRIES["train_impl"].names:  # another is refused as a choice
         yield from _settings_of_other_objectives(c)
@@ -47,7 +48,7 @@ def post_training_rules(c: Config, world_size: int | None) -> Iterator[str]:
     yield from _coefficients(c)
 
 
-def _settings_of_other_objectives(c: Config) -> Iterator[str]:
+def _settings_of_other_objectives(c: Config) -> Problems:
     """A setting of one objective changed from its default in a run of another: refused by
     name rather than left unused."""
     from .load import FIELD_DEFAULTS
@@ -65,7 +66,7 @@ def _settings_of_other_objectives(c: Config) -> Iterator[str]:
                "it.")
 
 
-def _every_split_alike(c: Config) -> Iterator[str]:
+def _every_split_alike(c: Config) -> Problems:
     """Label files for one split, then for every split that has data: validation and test
     losses over every token would not compare with a training loss over the labelled ones.
     Rewards (KTO) for every split that has data: its evaluation reads them."""
@@ -92,7 +93,7 @@ def _count(value) -> str:
     return "no" if value is None else str(len(value))
 
 
-def _parallel_lists(c: Config) -> Iterator[str]:
+def _parallel_lists(c: Config) -> Problems:
     """Label, reward and neg files pair with their data files by position: one each."""
     for split in SPLITS:
         for base, extra, what in (
@@ -119,7 +120,7 @@ def _parallel_lists(c: Config) -> Iterator[str]:
                "files) must be given together.")
 
 
-def _objective_and_dataset(c: Config) -> Iterator[str]:
+def _objective_and_dataset(c: Config) -> Problems:
     impl, kind, pack = c["train_impl"], c["dataset_impl"], c["pack_impl"]
     plain = [k for k in ("data_path", "train_data_paths") if c[k] is not None]
     pairs = c["pos_train_data_paths"] is not None
@@ -130,19 +131,19 @@ def _objective_and_dataset(c: Config) -> Iterator[str]:
                "data_path cannot carry them: name each split's files in *_data_paths instead.")
     if kind == "pairwise":
         if not pairs:
-            yield ("dataset_impl pairwise reads chosen/rejected pairs: set pos_train_data_paths and "
-                   "neg_train_data_paths (and the valid/test ones).")
+            yield ("dataset_impl pairwise reads chosen/rejected pairs: set pos_train_data_paths "
+                   "and neg_train_data_paths (and the valid/test ones).")
         if plain:
             yield (f"dataset_impl pairwise reads pos_*/neg_* paths, not {plain[0]}; remove it.")
         if pack == "packed":
-            yield ("pack_impl packed cuts documents across samples, which would misalign chosen and "
-                   "rejected responses; use pack_impl unpacked or pack_until_overflow with "
+            yield ("pack_impl packed cuts documents across samples, which would misalign chosen "
+                   "and rejected responses; use pack_impl unpacked or pack_until_overflow with "
                    "dataset_impl pairwise.")
     elif pairs:
         yield "pos_*/neg_* data paths are read with dataset_impl: pairwise; set it."
     if impl in PAIRED_OBJECTIVES and kind != "pairwise":
-        yield (f"train_impl {impl} trains on chosen/rejected pairs: set dataset_impl: pairwise with "
-               "pos_*/neg_* data paths.")
+        yield (f"train_impl {impl} trains on chosen/rejected pairs: set dataset_impl: pairwise "
+               "with pos_*/neg_* data paths.")
     if impl not in PAIRED_OBJECTIVES and kind == "pairwise":
         yield (f"dataset_impl pairwise is for train_impl dpo or rm, not {impl}.")
     rewards = c["train_reward_data_paths"] is not None
@@ -162,10 +163,10 @@ def _objective_and_dataset(c: Config) -> Iterator[str]:
                 break
 
 
-def _coefficients(c: Config) -> Iterator[str]:
+def _coefficients(c: Config) -> Problems:
     for key in ("dpo_beta", "kto_beta"):
         if not c[key] > 0:
-            yield f"{key}({c[key]}) must be > 0."
+            yield BadValue(key, f"{key}({c[key]}) must be > 0.")
     for key in ("kto_desirable_weight", "kto_undesirable_weight", "z_loss"):
         if not c[key] >= 0:
-            yield f"{key}({c[key]}) must be >= 0."
+            yield BadValue(key, f"{key}({c[key]}) must be >= 0.")

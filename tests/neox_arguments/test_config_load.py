@@ -130,7 +130,8 @@ def test_type_errors_name_key_value_and_expected_type(write):
     path = write("t.yml", BASE_YML + "")
     with pytest.raises(ConfigError) as e:
         NeoXArgs.from_ymls([path], ["train_iters=lots"])
-    assert str(e.value) == "'train_iters' in command line must be int or null, but it is \"lots\" (str)."
+    assert str(e.value) == ("'train_iters' in command-line override `train_iters=lots` must be int "
+                            "or null, but it is \"lots\" (str).")
     with pytest.raises(ConfigError, match=r"'no_weight_tying' in test must be bool \(true or false\), but it is 1 \(int\)"):
         NeoXArgs.from_dict({**BASE, "no_weight_tying": 1}, source="test")
     with pytest.raises(ConfigError, match="'eval_tasks' in test must be list of str or null"):
