@@ -104,6 +104,46 @@ def test_mpiruns_boxed_report_of_a_stop_after_saving_is_dropped_and_of_a_death_r
     assert relayed(death) == f"{rule}\nworker rank 1 on vm died: killed by SIGKILL\n{rule}\n"
 
 
+def relayed_through_merger(text: str) -> str:
+    import io
+
+    from megatron.launching.merge import WarningMerger
+    from megatron.launching.runner import relay
+
+    out = io.StringIO()
+    merger = WarningMerger(out, range(2))
+    relay(io.BytesIO(text.encode()), out, Redactor({}), merger=merger).join()
+    merger.close()
+    return out.getvalue()
+
+
+def test_mpirun_and_srun_reports_of_exits_the_workers_explained_are_dropped():
+    """Both ranks print the same error of several lines and exit 1: it is printed once with
+    both ranks, and mpirun's box (or srun's line) about their exit is not; a rank that said
+    nothing keeps its report, after the errors."""
+    rule = "-" * 74
+    errors = "".join(f"error (rank {r} on vm): no checkpoint in ck can be loaded:\n"
+                     "  - ck/global_step2/a.pt: corrupt\nRestore the files from a backup\n"
+                     for r in (1, 0))
+    merged = ("error (ranks 0-1 on vm): no checkpoint in ck can be loaded:\n"
+              "  - ck/global_step2/a.pt: corrupt\nRestore the files from a backup\n")
+
+    def box(process: str) -> str:
+        return (f"{rule}\nprterun detected that one or more processes exited with non-zero "
+                "status,\nthus causing the job to be terminated. The first process to do so "
+                f"was:\n\n   Process name: [{process}]\n   Exit code:    1\n{rule}\n")
+
+    assert relayed_through_merger(errors + box("prterun-vm-5431@1,0")) == merged
+    assert relayed_through_merger(errors + box("[37934,1],1")) == merged  # Open MPI 4's name
+    assert relayed_through_merger(errors + "srun: error: n3: tasks 0-1: Exited with exit code 1\n"
+                                  ) == merged
+    only_one = errors.split("error (rank 0")[0]  # rank 1's error; rank 0 ends silently
+    assert relayed_through_merger(only_one + box("prterun-vm-5431@1,0")) == (
+        only_one + box("prterun-vm-5431@1,0"))
+    assert relayed_through_merger(only_one + "srun: error: n3: task 0: Exited with exit code 1\n"
+                                  ) == only_one + "worker rank 0 on n3 died: exited with status 1\n"
+
+
 def test_secrets_and_the_config_are_hidden_in_relayed_output():
     r = Redactor({"HF_TOKEN": "hf_0123456789", "WANDB_MODE": "offline"}, ["ENCODEDBLOB"])
     line = ("pdsh -w a,b export HF_TOKEN=hf_0123456789; export WANDB_MODE=offline; cd /x; "
@@ -142,9 +182,10 @@ def test_a_failed_worker_is_reported_and_the_other_is_stopped(capfd, monkeypatch
     assert "stopping the other 1 worker(s)" in err and tagged("t-launch-1") == []
 
 
-def test_workers_failing_alike_print_their_error_once_then_one_death_line(capfd):
+def test_workers_failing_alike_print_their_error_once_and_no_death_line(capfd):
     """An error every rank meets (a config value the workers refuse) ends each worker with the
-    same line: deepy.py prints it once with the ranks, and one line for their deaths, after it."""
+    same line: deepy.py prints it once with the ranks, and that line is the whole report (no
+    death line says again that they exited)."""
     here = local_launch({"localhost": [0, 1]}, 0, "127.0.0.1", 1)
     script = ("import os, sys, time\nif os.environ['LOCAL_RANK'] == '1': time.sleep(0.3)\n"
               "print(f'error (rank {os.environ[\"RANK\"]} on vm): no such task', file=sys.stderr)\n"
@@ -152,9 +193,7 @@ def test_workers_failing_alike_print_their_error_once_then_one_death_line(capfd)
     status = run_local([sys.executable, "-c", script], dict(os.environ), here, 600, "t-launch-3")
     err = capfd.readouterr().err
     assert status == 1
-    assert err.splitlines() == [
-        "error (ranks 0-1 on vm): no such task",
-        f"worker ranks 0-1 (local ranks 0-1) on {socket.gethostname()} died: exited with status 1"]
+    assert err.splitlines() == ["error (ranks 0-1 on vm): no such task"]
 
 
 def test_workers_that_stop_on_their_own_signal_are_not_deaths(capfd):

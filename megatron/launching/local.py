@@ -9,17 +9,23 @@ die (Linux's parent-death signal), so none outlives it. Their stdout and stderr 
 through pipes and are printed as they come, except that a warning several ranks print alike is
 printed once, naming them (megatron.launching.merge).
 
-When a worker fails on its own, one line says which, where and how, after the error it ended on;
-workers that fail alike at once (the same error on every rank) share the line:
+When a worker fails on its own, one line says which, where and how, after whatever it printed
+last; workers that fail alike at once share the line:
 
     worker rank 1 (local rank 1) on node-a died: killed by SIGKILL
-    error (ranks 0-1 on node-a): checkpoint ck/global_step2 is damaged and will not be loaded: ...
     worker ranks 0-1 (local ranks 0-1) on node-a died: exited with status 1
 
-and the others are stopped: SIGTERM, FAILURE_GRACE_SECONDS, then SIGKILL (they cannot save
-without the dead one: a checkpoint is written by all ranks together). A worker that exits with
-143, 130 or 138 stopped on a signal of its own after saving (megatron.safety.signals); the others
-follow after the same step, so they are left to finish. The status of the run:
+A worker that said why it stopped (its `error (rank R on HOST): ...` line, megatron.entry) and
+exited with a status gets no such line: its error is the one line of the event, printed once
+for the ranks that met it (`error (ranks 0-1 on node-a): checkpoint ck/global_step2 is damaged
+...`). A signal, a crash with a traceback, or a status without an error line is reported. Under
+pdsh (`abort_signal`) every death is reported: deepy.py reads the node launcher's lines for the
+run's status and leaves out the explained ones there (megatron.launching.pdsh).
+
+The others are stopped: SIGTERM, FAILURE_GRACE_SECONDS, then SIGKILL (they cannot save without
+the dead one: a checkpoint is written by all ranks together). A worker that exits with 143, 130
+or 138 stopped on a signal of its own after saving (megatron.safety.signals); the others follow
+after the same step, so they are left to finish. The status of the run:
 
     0          every worker exited 0
     128 + S    deepy.py received signal S (SIGTERM: 143, SIGINT: 130), whatever the workers did
@@ -124,7 +130,7 @@ def run_local(argv: list[str], env: dict[str, str], launch: LocalLaunch, grace_s
     node failed: the workers here are stopped as after a local worker's death."""
     procs: list[subprocess.Popen] = []
     output = _Output(launch.ranks)
-    watch = _Watch(launch, procs, output)
+    watch = _Watch(launch, procs, output, report_explained=bool(abort_signal))
     if sys.stderr.isatty() and PROGRESS_ENV not in env:
         env = {**env, PROGRESS_ENV: "1"}  # rank 0's bars reach this terminal through the pipe
     previous = signal.signal(abort_signal, watch.note_abort) if abort_signal else None
@@ -193,8 +199,10 @@ class _Output:
 class _Watch:
     """Polls the workers: reports failures, stops the rest, kills at the deadline."""
 
-    def __init__(self, launch: LocalLaunch, procs: list[subprocess.Popen], output: _Output):
+    def __init__(self, launch: LocalLaunch, procs: list[subprocess.Popen], output: _Output,
+                 report_explained: bool = False):
         self.launch, self.procs, self.output = launch, procs, output
+        self.report_explained = report_explained  # a node launcher's: deepy.py reads them
         self.ended: set[int] = set()
         self.first_failure = 0
         self.deadline: float | None = None
@@ -223,10 +231,11 @@ class _Watch:
         return 128 + signals.signum if signals.signum else self.first_failure
 
     def _note_ended(self, orderly: bool) -> int:
-        """Record workers that ended since the last poll; print a line per way of failing.
-        Workers failing alike within DEATH_WAIT_SECONDS of the first (an error every rank
-        meets) share the line, after the error they ended on; one ending otherwise meanwhile
-        (failing because its peer is gone) is left to be stopped with the rest."""
+        """Record workers that ended since the last poll; print a line per way of failing,
+        except for workers whose error line already said why. Workers failing alike within
+        DEATH_WAIT_SECONDS of the first (an error every rank meets) share the line, after what
+        they printed last; one ending otherwise meanwhile (failing because its peer is gone) is
+        left to be stopped with the rest."""
         deaths = self._ended_since_last_poll(orderly)
         if not deaths:
             return 0
@@ -237,8 +246,17 @@ class _Watch:
             deaths[returncode].extend(local_ranks)
         self.output.settle({self.launch.ranks[r] for group in deaths.values() for r in group})
         for returncode, local_ranks in deaths.items():
-            print(death_line(self.launch, local_ranks, returncode), file=sys.stderr, flush=True)
+            unexplained = [r for r in local_ranks if not self._explained(r, returncode)]
+            if unexplained:
+                print(death_line(self.launch, unexplained, returncode), file=sys.stderr,
+                      flush=True)
         return sum(len(group) for group in deaths.values())
+
+    def _explained(self, local_rank: int, returncode: int) -> bool:
+        """Whether the worker's own error line says why it ended: it printed one and exited
+        with a status (megatron.entry.run_entry), not on a signal."""
+        return (not self.report_explained and returncode > 0
+                and self.output.merger.said_why([self.launch.ranks[local_rank]]))
 
     def _ended_since_last_poll(self, orderly: bool,
                                only: set[int] | None = None) -> dict[int, list[int]]:

@@ -20,7 +20,9 @@ Lines may come behind a launcher's `host: ` prefix (pdsh) and may name several r
 A worker's last words, the error that ended it (`error (rank 3 on node-b): ...`, megatron.entry,
 and the further lines of a message of several), are merged the same way, naming the hosts, and
 held for the window or until a death report (`... died: ...`), which prints whatever is held
-first, so that the error comes before it. Ranks whose further lines differ get a copy each:
+first, so that the error comes before it; `said_why(ranks)` tells a launcher that those ranks
+printed such an error, so their death needs no line of its own. Ranks whose further lines
+differ get a copy each:
 
     error (ranks 0-7 on node-a, node-b): checkpoint ck/global_step2 is damaged and will not ...
       - ck/global_step2/layer_00-model_00-model_states.pt: sha256 90ccf575c0d3c7c8... differs ...
@@ -114,6 +116,7 @@ class WarningMerger:
         # a rank (or a node launcher's host, or None for a mixed stream) -> the worker error
         # whose further lines it is sending, and the list they go to
         self._open: dict[int | str | None, tuple[_Held, list[str]]] = {}
+        self._explained: set[int] = set()  # ranks that printed the error they ended on
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._timer = threading.Thread(target=self._flush_loop, name="warning-merger",
@@ -148,6 +151,7 @@ class WarningMerger:
             else:
                 held.ranks |= ranks
             if error:
+                self._explained |= ranks
                 copy = (set(ranks), hosts, [])
                 held.copies.append(copy)
                 host = HOST_PREFIX.match(line)
@@ -156,6 +160,12 @@ class WarningMerger:
                 if held not in self._behind[r]:
                     self._behind[r].append(held)
             self._release(time.monotonic())
+
+    def said_why(self, ranks: Iterable[int]) -> bool:
+        """Whether each of `ranks` printed a worker's error line (megatron.entry.run_entry's
+        `error (rank R on HOST): ...`, which a worker prints just before it exits)."""
+        with self._lock:
+            return set(ranks) <= self._explained
 
     def feed_plain(self, rank: int, line: str, out: TextIO) -> None:
         """A line of the worker's other stream (stdout: the training log's rows), printed to

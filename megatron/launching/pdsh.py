@@ -8,10 +8,13 @@ Each node launcher starts and watches its node's workers as deepy.py does on one
 dead worker is named in one line (`worker rank 3 (local rank 1) on node-b died: killed by
 SIGKILL`, behind pdsh's `node-b: ` prefix), its node's other workers are stopped, and nothing
 of the launch is left on that node when its launcher ends. When a node ends with a failure,
-deepy.py tells the others to stop theirs (ABORT). SIGTERM / SIGINT to deepy.py reach every
-node's launcher through a second pdsh (`--signal`): the workers finish the step and save within
-`signal_grace_seconds`, after which the node launchers kill them; deepy.py waits that long plus
-SIGNAL_MARGIN_SECONDS for pdsh, then kills what is left everywhere (KILL).
+deepy.py tells the others to stop theirs (ABORT). A node launcher reports every death, since
+the first sets the run's status; deepy.py leaves out those of workers whose error line already
+said why (`error (rank R on HOST): ...`), and then pdsh's report of their node's exit.
+SIGTERM / SIGINT to deepy.py reach every node's launcher through a second pdsh (`--signal`):
+the workers finish the step and save within `signal_grace_seconds`, after which the node
+launchers kill them; deepy.py waits that long plus SIGNAL_MARGIN_SECONDS for pdsh, then kills
+what is left everywhere (KILL).
 
 The remote command exports the variables the workers need before Python starts (PYTHON*, the
 accelerator's NCCL_* and the like, as DeepSpeed's runner does, and OMP_NUM_THREADS); everything
@@ -34,7 +37,7 @@ from pathlib import Path
 
 from megatron.launching.node import MODULE, encode_spec
 from megatron.launching.local import PREEMPTED
-from megatron.launching.merge import WarningMerger
+from megatron.launching.merge import WarningMerger, parse_ranks
 from megatron.launching.runner import relay
 from megatron.launching.secrets import Redactor
 from megatron.launching.stopping import LAUNCH_ID_VAR, DeepySignals, kill_tagged
@@ -50,9 +53,9 @@ NODE_EXIT = re.compile(r"^pdsh@\S+: (?P<host>\S+): ssh exited with exit code (?P
 SSH_UNREACHABLE = 255
 # a node launcher's line for a dead worker (megatron.launching.local.death_line), behind pdsh's
 # "node-b: " prefix
-DEATH = re.compile(r"worker ranks? [\d, \-]+ \(local ranks? [\d, \-]+\) on \S+ died: "
-                   r"(?:killed by (?P<sig>SIG\w+)|"
-                   r"exited with status (?P<rc>\d+))")
+DEATH = re.compile(r"(?:(?P<node>[\w.\-]+): )?worker ranks? (?P<ranks>[\d, \-]+) "
+                   r"\(local ranks? [\d, \-]+\) on \S+ died: "
+                   r"(?:killed by (?P<sig>SIG\w+)|exited with status (?P<rc>\d+))")
 
 
 @dataclass(frozen=True)
@@ -169,9 +172,13 @@ def describe_node_exit(line: str) -> tuple[str, int] | None:
 class _Nodes:
     """deepy.py's side of a running pdsh launch: the pdsh process and the nodes' outcomes."""
 
-    def __init__(self, launch: PdshLaunch, launch_id: str, env: dict[str, str]):
+    def __init__(self, launch: PdshLaunch, launch_id: str, env: dict[str, str],
+                 merger: WarningMerger | None = None):
         self.launch, self.launch_id, self.env = launch, launch_id, _pdsh_env(env)
+        self.merger = merger  # the workers' errors seen so far (said_why)
         self.first_failure = 0
+        self.explained: dict[str, set[int]] = {}  # node -> statuses its workers' errors explain
+        self.unexplained: set[str] = set()  # nodes with a death reported
         self.aborted = False
         self.senders: list[subprocess.Popen] = []
 
@@ -183,18 +190,35 @@ class _Nodes:
 
     def line(self, text: str) -> str | None:
         """Relay hook: pdsh's report of a node that failed, reworded (dropped for a node that
-        stopped on a signal after saving); the first failure stops the others."""
+        stopped on a signal after saving, or whose failure its workers' errors explain); a node
+        launcher's death line, dropped when the workers' error lines said why. The first
+        failure stops the others."""
         death = DEATH.search(text)
-        if death and not self.first_failure:  # the first death is the cause; later ones follow
-            self.first_failure = (128 + signal.Signals[death["sig"]] if death["sig"]
-                                  else int(death["rc"]))
+        if death:
+            status = (128 + signal.Signals[death["sig"]] if death["sig"]
+                      else int(death["rc"]))
+            # the first death is the cause; later ones follow
+            self.first_failure = self.first_failure or status
+            return self._death(death["node"] or "", death["ranks"], status, bool(death["rc"]))
         described = describe_node_exit(text)
         if described is None:
             return None
         line, status = described
         if not self.first_failure:
             self.first_failure = status
-        return "" if status in PREEMPTED else line
+        node = NODE_EXIT.match(text)["host"]
+        quiet = node not in self.unexplained and status in self.explained.get(node, ())
+        return "" if status in PREEMPTED or quiet else line
+
+    def _death(self, node: str, ranks: str, status: int, exited: bool) -> str | None:
+        """None to print a node launcher's death line; "" when the ranks' errors explain it
+        (they printed one and exited with a status, not on a signal)."""
+        if exited and self.merger is not None and self.merger.said_why(parse_ranks(ranks)):
+            # no flush: the error is held for the other nodes' ranks that meet it too
+            self.explained.setdefault(node, set()).add(status)
+            return ""
+        self.unexplained.add(node)
+        return None
 
     def finish_senders(self) -> None:
         for proc in self.senders:
@@ -209,11 +233,11 @@ def run_pdsh(launch: PdshLaunch, worker_argv: list[str], exports: dict[str, str]
              on_stop: str = "which stop") -> int:
     """Run the launch to its end; 0, the first failed node's status, or 128 + the signal that
     stopped deepy.py."""
-    nodes = _Nodes(launch, launch_id, env)
+    merger = WarningMerger(sys.stderr, range(launch.world_size))  # across the nodes
+    nodes = _Nodes(launch, launch_id, env, merger)
     command = node_command(launch, launch_id, worker_argv, exports)
     proc = subprocess.Popen(pdsh_argv(launch.hosts, command), env=nodes.env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    merger = WarningMerger(sys.stderr, range(launch.world_size))  # across the nodes
     threads = [relay(proc.stdout, sys.stdout, redactor),
                relay(proc.stderr, sys.stderr, redactor, rewrite=nodes.line, merger=merger)]
     forward = lambda signum: nodes.send("INT" if signum == signal.SIGINT else "TERM")  # noqa: E731

@@ -32,7 +32,7 @@ from typing import Callable
 
 import psutil
 
-from megatron.launching.merge import WarningMerger
+from megatron.launching.merge import WarningMerger, parse_ranks
 from megatron.launching.secrets import Redactor
 from megatron.launching.stopping import DeepySignals, exit_description, shell_status, tagged
 from megatron.safety.signals import STOP_STATUSES
@@ -94,6 +94,8 @@ def relay(stream, out, redactor: Redactor,
             held.append(line)
             return
         text = rewrite(line) if rewrite else None
+        if text is None and merger is not None and _explained_srun_exit(line, merger):
+            return  # the tasks' own error lines said why they exited
         if text is None:
             text = describe_runner_line(line)
         if text == "":  # a report that says nothing here (dropped)
@@ -116,9 +118,12 @@ def relay(stream, out, redactor: Redactor,
                 box.append(line)
                 if MPIRUN_RULE.match(line):
                     ended, box = box, None
-                    if not _orderly_stop_box(ended):
-                        for boxed in ended:
-                            emit(boxed)
+                    if _orderly_stop_box(ended) or _explained_exit_box(ended, merger):
+                        continue
+                    if merger is not None:  # mpirun's report of a death: the errors first
+                        merger.flush()
+                    for boxed in ended:
+                        emit(boxed)
             else:
                 emit(line)
         for rest in held + (box or []):
@@ -136,6 +141,8 @@ MPIRUN_NAMES = ("mpirun", "mpiexec", "prterun", "mpiexec.hydra", "orterun", "sru
 # exit with a non-zero status says nothing more when that status was a stop after saving
 MPIRUN_RULE = re.compile(r"^-{20,}$")
 MPIRUN_EXIT_CODE = re.compile(r"^\s*Exit code:\s*(\d+)")
+# its name of that process: "[prterun-vm-5431@1,1]" (Open MPI 5), "[[37934,1],0]" (4): the rank
+MPIRUN_PROCESS = re.compile(r"^\s*Process name:\s*\[.*,(\d+)\]+\s*$")
 
 
 def _orderly_stop_box(lines: list[str]) -> bool:
@@ -144,6 +151,25 @@ def _orderly_stop_box(lines: list[str]) -> bool:
     codes = [int(m.group(1)) for m in map(MPIRUN_EXIT_CODE.match, lines) if m]
     return ("exited with non-zero status" in text and bool(codes)
             and all(c in STOP_STATUSES for c in codes))
+
+
+def _explained_exit_box(lines: list[str], merger: WarningMerger | None) -> bool:
+    """Whether an mpirun message box only reports processes that exited with a status (not a
+    signal) after printing their own error line, which said why."""
+    codes = [int(m.group(1)) for m in map(MPIRUN_EXIT_CODE.match, lines) if m]
+    ranks = [int(m.group(1)) for m in map(MPIRUN_PROCESS.match, lines) if m]
+    return (merger is not None and "exited with non-zero status" in " ".join(lines)
+            and bool(codes) and bool(ranks) and all(0 < c < 128 for c in codes)
+            and merger.said_why(ranks))
+
+
+def _explained_srun_exit(line: str, merger: WarningMerger) -> bool:
+    """Whether `line` is srun's report of tasks that exited with a status (not a signal) after
+    printing their own error line."""
+    m = SRUN_TASK.match(line)
+    code = SRUN_EXIT.search(m["what"]) if m else None
+    return (code is not None and 0 < int(code.group(1)) < 128
+            and merger.said_why(parse_ranks(m["rank"])))
 
 
 def run_runner(argv: list[str], env: dict[str, str], grace_seconds: float, launch_id: str,

@@ -2,10 +2,12 @@
 an sshd of the test's own) as users stop it or lose it (A34): SIGTERM to deepy.py reaches every
 node's workers, which save and exit within `signal_grace_seconds` (not a launcher's fixed
 limit); a worker killed on one node is named with its rank and node, and the other node's
-workers are stopped. Nothing of the launch is left on any node afterwards."""
+workers are stopped; an error every rank meets is printed once, with no line for the deaths it
+explains. Nothing of the launch is left on any node afterwards."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -18,8 +20,9 @@ import pytest
 from megatron.launching.stopping import LAUNCH_ID_VAR
 from tests.e2e import local_sshd
 from tests.e2e.test_cluster_launchers import pdsh_missing
-from tests.e2e.test_worker_failures import assert_latest_checkpoint_intact, stop_with
-from tests.runs import ROOT, clean_env, tiny_overrides, wait_for_text
+from tests.e2e.test_worker_failures import (assert_latest_checkpoint_intact, damaged_resume,
+                                            stop_with)
+from tests.runs import ROOT, clean_env, deepy, explain, tiny_overrides, wait_for_text
 
 pytestmark = pytest.mark.slow
 HOSTS = "localhost slots=1\n127.0.0.1 slots=1\n"
@@ -116,15 +119,36 @@ def test_a_worker_killed_on_one_node_is_named_and_the_other_node_stopped(small_d
     # launchers' stop reaches it, and says so
     assert died[0] == ("127.0.0.1: worker rank 1 (local rank 0) on 127.0.0.1 died: killed by "
                        "SIGKILL"), out[-3000:]
-    assert died[1:] in ([], ["localhost: worker rank 0 (local rank 0) on localhost died: exited "
-                             "with status 1"]), out[-3000:]
+    assert died[1:] == [], out[-3000:]  # rank 0's own error says why, if it failed
     assert "GLHF" not in out  # gloo's message for the lost peer, said in one short line
-    if not died[1:]:
-        assert "localhost: a worker on another node failed: stopping the 1 worker(s) on " \
-               "localhost" in out, out[-3000:]
+    assert ("localhost: a worker on another node failed: stopping the 1 worker(s) on "
+            "localhost" in out or "lost the connection to another rank" in out), out[-3000:]
     assert "node 127.0.0.1 ended with exit status 137" in out and "ssh failed" not in out
     assert assert_latest_checkpoint_intact(run / "ckpt") >= 4
     assert_nothing_left(pids)
+
+
+def test_an_error_every_node_explains_is_printed_once_with_no_death_line(trained, tmp_path,
+                                                                          sshd):
+    """Every worker on both nodes refuses the damaged checkpoint with its error line and exits 1:
+    the error is printed (once for both ranks when the nodes meet it within the merge window),
+    and neither the node launchers' death lines nor pdsh's reports of the nodes' exits are;
+    deepy.py exits 1, the status of the first death."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(HOSTS)
+    argv, save = damaged_resume(trained, tmp_path, hostfile=hostfile, launcher="pdsh",
+                                num_gpus=1, master_addr="127.0.0.1", omp_num_threads=1,
+                                env_file_dir=tmp_path / "shared")
+    proc = deepy(*argv, env=clean_env(**sshd))
+    assert proc.returncode == 1, explain(proc)
+    errors = [line for line in proc.stderr.splitlines() if "error (" in line]
+    ranks = [re.search(r"error \((ranks? [\d\-]+) on ", line)[1] for line in errors]
+    assert sorted(ranks) in (["ranks 0-1"], ["rank 0", "rank 1"]), explain(proc)
+    assert all(e.endswith(f"): no checkpoint in {save} can be loaded:") for e in errors), \
+        explain(proc)
+    assert " died: " not in proc.stderr and "ended with exit status" not in proc.stderr, \
+        explain(proc)
+    assert not any(launch_processes().values())
 
 
 def test_the_grace_time_is_signal_grace_seconds_on_every_node(small_data, tmp_path, sshd):

@@ -1,11 +1,13 @@
 """A two-worker tiny run as users stop it or lose it: a worker killed by SIGKILL mid-training,
-SIGTERM (Kubernetes, `kill`) and SIGINT (Ctrl-C) sent to deepy.py's own PID (A34). What a user
-relies on: one line naming the dead worker's rank and signal, deepy.py's exit status, the last
-checkpoint intact, and no worker process left once deepy.py has exited."""
+SIGTERM (Kubernetes, `kill`) and SIGINT (Ctrl-C) sent to deepy.py's own PID, an error every
+rank meets (A34). What a user relies on: one line naming the dead worker's rank and signal, or
+the workers' own error once and nothing more; deepy.py's exit status, the last checkpoint
+intact, and no worker process left once deepy.py has exited."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,7 +20,7 @@ import pytest
 from megatron.checkpointing.manifest import check_files, read_manifest
 from tests.e2e import local_slurm
 from tests.e2e.test_cluster_launchers import open_mpi_bin
-from tests.runs import ROOT, clean_env, tiny_overrides, wait_for_text
+from tests.runs import ROOT, clean_env, deepy, explain, tiny_overrides, wait_for_text
 
 
 def start(small_data, run: Path, **extra) -> tuple[subprocess.Popen, Path]:
@@ -94,6 +96,67 @@ def test_a_worker_killed_by_sigkill_is_named_and_the_other_is_stopped(small_data
     assert "--neox_args" not in out and "return code" not in out
     assert not left_over(pids)
     assert assert_latest_checkpoint_intact(run / "ckpt") >= 4
+
+
+def damaged_resume(trained, tmp_path: Path, **extra) -> tuple[list[str], Path]:
+    """deepy.py's arguments for two workers resuming a copy of the trained checkpoint with one
+    byte of a layer file flipped, which every rank refuses alike (status 1); the copy's path."""
+    save = tmp_path / "ckpt"
+    shutil.copytree(trained["ckpt"], save)
+    target = save / (save / "latest").read_text().strip() / "layer_02-model_00-model_states.pt"
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    target.write_bytes(bytes(data))
+    values = {"save": save, "load": save, "train_iters": 40, "num_gpus": 2,
+              "override_lr_scheduler": True, **extra}
+    return ["train.py", "configs/tiny.yml",
+            *tiny_overrides(trained["data"], trained["tokenizer"], tmp_path / "run",
+                            **values)], save
+
+
+def test_an_error_every_worker_explains_is_printed_once_with_no_death_line(trained, tmp_path):
+    """Each worker prints `error (rank R on HOST): ...` and exits 1: deepy.py prints the error
+    once for both ranks, says nothing more about their deaths, and exits 1."""
+    argv, save = damaged_resume(trained, tmp_path)
+    proc = deepy(*argv, env=clean_env())
+    assert proc.returncode == 1, explain(proc)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
+    assert errors == [f"error (ranks 0-1 on {socket.gethostname()}): no checkpoint in {save} "
+                      "can be loaded:"], explain(proc)
+    assert " died: " not in proc.stderr and "Traceback" not in proc.stderr, explain(proc)
+
+
+def test_workers_that_crash_without_an_error_line_still_get_their_death_line(trained, tmp_path):
+    """The same failure with NEOX_TRACEBACK=1: each worker ends on a traceback, which names no
+    rank, and exits 1; deepy.py says which workers died."""
+    argv, _save = damaged_resume(trained, tmp_path)
+    proc = deepy(*argv, env=clean_env(NEOX_TRACEBACK="1"))
+    assert proc.returncode == 1, explain(proc)
+    assert "Traceback" in proc.stderr, explain(proc)
+    died = [line for line in proc.stderr.splitlines() if " died: " in line]
+    # both ranks fail within a second of each other and share the line, or the first dies
+    # alone and the other is stopped
+    assert len(died) == 1 and died[0].startswith("worker rank"), explain(proc)
+    assert died[0].endswith(f" on {socket.gethostname()} died: exited with status 1"), \
+        explain(proc)
+
+
+def test_under_mpirun_an_error_every_worker_explains_is_printed_once(trained, tmp_path):
+    """The same failure through DeepSpeed's runner and a real mpirun: the ranks' error once,
+    and neither mpirun's box about the exit nor a death line."""
+    argv, save = damaged_resume(trained, tmp_path)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    env = clean_env(PATH=open_mpi_bin() + os.pathsep + os.environ.get("PATH", ""))
+    if os.geteuid() == 0:  # Open MPI refuses root unless told twice
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    proc = deepy(*argv, f"hostfile={hostfile}", "launcher=openmpi", "deepspeed_mpi=true",
+                 "no_ssh_check=true", "master_addr=127.0.0.1", env=env)
+    assert proc.returncode == 1, explain(proc)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
+    assert errors == [f"error (ranks 0-1 on {socket.gethostname()}): no checkpoint in {save} "
+                      "can be loaded:"], explain(proc)
+    assert " died: " not in proc.stderr and "non-zero status" not in proc.stderr, explain(proc)
 
 
 @pytest.mark.slow
