@@ -19,7 +19,9 @@ reshard.py, `load` and `save` are set and differ and `load` holds a checkpoint. 
 generate.py, the input file holds prompts (input-file mode) and the prompts plus maximum_tokens
 fit the model's positions (A14); for eval.py, its settings are
 valid, lm-eval is installed (A28) and the task files and directories in eval_tasks exist and
-define tasks (registry names are looked up by the workers). For train.py, every data
+define tasks (registry names are looked up by the workers), and where the workers will read
+datasets offline, the local cache holds every task's Hub dataset (for train.py's eval_tasks
+too; task_data.check_offline_data). For train.py, every data
 prefix has its `.bin`/`.idx` pair with a readable header (named with its config key), label,
 reward and rejected-response files belong with their token files (megatron.data.aligned), DPO
 and KTO have a model to start from and compare with, a reward model starts from a language model
@@ -43,6 +45,7 @@ Each check reads only the manifest and config.yml of the checkpoint the run woul
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from megatron.host import check_precision_supported, cuda_available
@@ -82,6 +85,8 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
         _check_inference_inputs(args, name, tokenizer)
         _check_inference_checkpoint(args, name)
         _check_memory(args, name, tokenizer, workers_here)
+        if name == "eval.py":
+            _check_task_data(args)
         return
     if name == "reshard.py":
         from megatron.checkpointing.locate import reshard_source
@@ -219,6 +224,18 @@ def _check_tasks_in_training(args) -> None:
     from megatron.evaluation.tasks import check_task_names, resolve_task_entries
 
     check_task_names(*resolve_task_entries(args.eval.eval_tasks, args.eval.eval_include_path))
+    _check_task_data(args)
+
+
+def _check_task_data(args) -> None:
+    """Offline, each lm-eval task's Hub dataset is in this machine's datasets cache, which the
+    workers read (those of a hostfile launch read their own nodes' and check them themselves,
+    before the model loads)."""
+    if args.launcher.hostfile:
+        return
+    from megatron.evaluation.task_data import check_offline_data
+
+    check_offline_data(args.eval, os.environ)
 
 
 def _output_directories(args, script: str) -> list[tuple[str, str]]:

@@ -13,6 +13,7 @@ partitioned over ranks) are refused at start-up, naming the keys.
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -44,6 +45,7 @@ class TaskEvaluator:
 
     def __init__(self, args, engine, model_config, tokenizer):
         from megatron.evaluation.adapter import NeoXLM  # noqa: F401 (A28: lm-eval version)
+        from megatron.evaluation.task_data import check_offline_data
         from megatron.evaluation.tasks import resolve_task_entries, task_manager_for
 
         self.args, self.engine = args, engine
@@ -51,6 +53,7 @@ class TaskEvaluator:
         self.names, include = resolve_task_entries(args.eval.eval_tasks,
                                                    args.eval.eval_include_path)
         self.manager = task_manager_for(self.names, include)  # unknown tasks fail now
+        check_offline_data(args.eval, os.environ, probe=False)  # datasets missing offline too
 
     def inference_model(self):
         """An inference copy of this rank's training weights (built without drawing from the

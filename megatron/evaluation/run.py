@@ -48,6 +48,7 @@ def flat_metrics(results: dict) -> dict[str, float]:
 def run_evaluation(args) -> dict | None:
     """Run eval_tasks on the checkpoint in `load`; returns lm-eval's results (None off rank 0)."""
     ev = args.eval
+    from megatron.evaluation.task_data import check_offline_data
     from megatron.evaluation.tasks import (check_eval_settings, resolve_task_entries,
                                            task_manager_for)
 
@@ -56,6 +57,7 @@ def run_evaluation(args) -> dict | None:
 
     names, include = resolve_task_entries(ev.eval_tasks, ev.eval_include_path)
     manager = task_manager_for(names, include)  # unknown tasks fail before the weights load
+    check_offline_data(ev, os.environ, probe=False)  # so do datasets missing offline
     with inference_runtime(args) as rt:
         rt.load_model()
         cache = score_cache(args, rt) if ev.eval_cache_dir else None

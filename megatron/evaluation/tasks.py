@@ -28,11 +28,11 @@ from pathlib import Path
 import yaml
 
 
-class _TaskYamlLoader(yaml.SafeLoader):
+class TaskYamlLoader(yaml.SafeLoader):
     """SafeLoader that reads lm-eval's `!function module.name` tags as plain strings."""
 
 
-_TaskYamlLoader.add_multi_constructor("!", lambda loader, suffix, node: str(node.value))
+TaskYamlLoader.add_multi_constructor("!", lambda loader, suffix, node: str(node.value))
 
 
 # the datasets library's builders of local files: without data_files they look for files of
@@ -44,7 +44,7 @@ def task_name_of(path: Path) -> str | None:
     """The task (or group) a task YAML defines, or None for a file that defines neither; a task
     that reads local files must say which."""
     try:
-        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_TaskYamlLoader)
+        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=TaskYamlLoader)
     except (OSError, yaml.YAMLError) as err:
         raise ValueError(f"cannot read task file {path}: {err}") from None
     if not isinstance(doc, dict):
@@ -88,7 +88,7 @@ def reads_only_local_files(entries: list[str]) -> bool:
             return False
     for path in files:
         try:
-            doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_TaskYamlLoader)
+            doc = yaml.load(path.read_text(encoding="utf-8"), Loader=TaskYamlLoader)
         except (OSError, yaml.YAMLError):
             return False
         if not isinstance(doc, dict) or "include" in doc or \

@@ -1,6 +1,6 @@
 """deepy.py's one connection to the Hugging Face Hub before lm-eval's workers start: where none
-opens, the workers run in the Hub's offline mode and a missing dataset is one line at once,
-not half a minute of retries in every worker."""
+opens, the workers run in the Hub's offline mode and a missing dataset is one line from deepy.py
+before they start (test_task_data.py), not half a minute of retries in every worker."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import socket
 
 import pytest
 
-from megatron.evaluation.hub import (OFFLINE_VARS, fetch_failure, offline_env, route,
-                                     unreachable)
+from megatron.evaluation.hub import (OFFLINE_VARS, fetch_failure, offline_env, offline_reason,
+                                     route, unreachable)
 from tests.runs import ROOT, deepy, explain, free_port
 
 TASKS = ROOT / "tests/evaluation/tasks"
@@ -83,26 +83,46 @@ def test_a_missing_dataset_is_explained_for_the_mode_the_workers_run_in():
            "use: check the network" in online
 
 
-def test_an_eval_where_the_hub_cannot_be_reached_fails_in_one_line_without_retries(trained,
-                                                                                  tmp_path):
+def test_an_eval_where_the_hub_cannot_be_reached_fails_in_one_line_before_any_worker(trained,
+                                                                                    tmp_path):
     """A registry task on a machine without the Hub (here: an endpoint that refuses every
-    connection) and with an empty cache: deepy.py's one warning, then the workers' one error;
-    the Hub client's `Retrying in 1s [Retry 1/5]` lines (about 30 s of them) never come."""
-    env = {"HF_ENDPOINT": f"http://127.0.0.1:{closed_port()}", "HF_HOME": str(tmp_path / "hf")}
+    connection) and with an empty cache: deepy.py's one error line, naming the task, its
+    dataset, the cache and why the workers would run offline, and no worker; neither the Hub
+    client's `Retrying in 1s [Retry 1/5]` lines (about 30 s of them) nor a model load come."""
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    env = {"HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf"),
+           "HF_DATASETS_CACHE": str(tmp_path / "hf/datasets")}
     for var in OFFLINE_VARS:
         env[var] = ""
     proc = deepy("eval.py", str(ROOT / "configs/tiny.yml"), *trained["overrides"],
                  "eval_tasks=[lambada_openai]", f"log_dir={tmp_path / 'logs'}",
                  f"master_port={free_port()}", env=env)
     assert proc.returncode == 1, explain(proc)
-    assert proc.stderr.count("the Hugging Face Hub cannot be reached from here") == 1, \
-        explain(proc)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
     assert len(errors) == 1 and errors[0].startswith(
-        "error (ranks 0-1 on ") and "): a task's dataset is not in the local cache (" in errors[0] \
-        and f"fill the cache ({tmp_path / 'hf'}) where the Hub can be reached" in errors[0], \
-        explain(proc)
+        "error: lm-eval task lambada_openai reads EleutherAI/lambada_openai (config default) "
+        f"from the Hugging Face Hub: not in the local datasets cache ({tmp_path / 'hf/datasets'}"
+        "), and the workers run offline (the Hugging Face Hub cannot be reached from here: "
+        f"{endpoint}: 127.0.0.1:"), explain(proc)
+    assert "launching" not in proc.stderr and "[rank" not in proc.stderr, explain(proc)
     assert "Retry" not in proc.stderr and "Traceback" not in proc.stderr, explain(proc)
+
+
+def test_deepy_s_check_and_the_launch_share_one_connection_attempt():
+    """preflight asks whether the workers will run offline, then the launch whether to start
+    them so: one connection to the Hub answers both."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.settimeout(0.5)
+        reachable = {"HF_ENDPOINT": f"http://127.0.0.1:{server.getsockname()[1]}"}
+        assert offline_reason(reachable) is None
+        assert offline_env(["lambada_openai"], reachable) == {}
+        server.accept()[0].close()
+        with pytest.raises(socket.timeout):
+            server.accept()  # no second connection
+    assert offline_reason({"HF_HUB_OFFLINE": "1"}) == "HF_HUB_OFFLINE=1"
+    assert offline_reason({"HF_HUB_OFFLINE": "0"}) is None  # the user chose the Hub
 
 
 @pytest.mark.parametrize("value", ["1", "true", "ON"])
