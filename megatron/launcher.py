@@ -448,11 +448,16 @@ def _run_through_runner(args, plan: LaunchPlan, env: dict[str, str], launch_id: 
     """DeepSpeed's runner with the secrets in an owner-only file that only its path reaches."""
     la = args.launcher
     env = {k: v for k, v in env.items() if k not in plan.secrets}
-    exports = {**plan.env, LAUNCH_ID_VAR: launch_id}
+    # DeepSpeed's runner reads only the file DS_ENV_FILE names, not the user's .deepspeed_env
+    # files: their variables travel as export_env_vars' do (after them, as the runner adds them)
+    ds_env = deepspeed_env_files()
+    carried = {**plan.secrets, **secret_values(ds_env)}
+    exports = {**plan.env, **{k: v for k, v in ds_env.items() if k not in carried},
+               LAUNCH_ID_VAR: launch_id}
     files = []
     try:
-        if plan.secrets:
-            env[ENV_FILE_VAR] = exports[ENV_FILE_VAR] = write_secrets_file(plan.secrets,
+        if carried:
+            env[ENV_FILE_VAR] = exports[ENV_FILE_VAR] = write_secrets_file(carried,
                                                                           la.env_file_dir)
             files.append(env[ENV_FILE_VAR])
         env["DS_ENV_FILE"] = write_env_file(exports)
@@ -461,7 +466,7 @@ def _run_through_runner(args, plan: LaunchPlan, env: dict[str, str], launch_id: 
         log.info("launching %d worker(s) on %d node(s) with %s: %s", plan.world_size,
                  len(plan.hosts), la.launcher, " ".join(plan.argv).replace(encoded, "<config>"))
         return run_runner(plan.argv, env, la.signal_grace_seconds, launch_id,
-                          Redactor(plan.secrets, [encoded]), plan.world_size,
+                          Redactor(carried, [encoded]), plan.world_size,
                           through_mpirun=la.launcher in (*MPI_LAUNCHERS, "slurm"),
                           on_stop=plan.on_stop)
     finally:  # the secrets file: gone with the run

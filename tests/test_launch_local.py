@@ -104,6 +104,12 @@ def test_mpiruns_boxed_report_of_a_stop_after_saving_is_dropped_and_of_a_death_r
     assert relayed(death) == f"{rule}\nworker rank 1 on vm died: killed by SIGKILL\n{rule}\n"
 
 
+def test_deepspeeds_notes_of_deepys_own_variables_file_are_not_relayed():
+    note = "[2026-11-29 19:08:43,376] [INFO] [runner.py:607:main] deepspeed_env file = "
+    user = note + "/home/me/.deepspeed_env\n"
+    assert relayed(f"{note}/tmp/neox_env_w55w1fkx\n" * 2 + user) == user
+
+
 def relayed_through_merger(text: str) -> str:
     import io
 

@@ -48,6 +48,9 @@ MPIRUN_WRAPPED = re.compile(r"process rank \d+ with PID \d+ on node \S+( exited(
 # srun: "srun: error: n1: task 1: Killed" / "...: task 1: Exited with exit code 1"
 SRUN_TASK = re.compile(r"^srun: error: (?P<host>\S+): tasks? (?P<rank>[\d\-,]+): (?P<what>.+)$")
 SRUN_EXIT = re.compile(r"Exited with exit code (\d+)")
+# DeepSpeed's runner naming the file of exported variables deepy.py wrote (DS_ENV_FILE, an
+# absolute path it joins to both of its folders, so it is read and named twice)
+DS_ENV_NOTE = re.compile(r"\] deepspeed_env file = \S*/neox_env_\w+$")
 
 
 def describe_runner_line(line: str) -> str | None:
@@ -93,6 +96,8 @@ def relay(stream, out, redactor: Redactor,
         elif MPIRUN_WRAPPED.search(line):
             held.append(line)
             return
+        if DS_ENV_NOTE.search(line):
+            return  # deepy.py's own file of the workers' variables, which DeepSpeed reads twice
         text = rewrite(line) if rewrite else None
         if text is None and merger is not None and _explained_srun_exit(line, merger):
             return  # the tasks' own error lines said why they exited

@@ -149,20 +149,39 @@ def test_workers_that_crash_without_an_error_line_still_get_their_death_line(tra
         explain(proc)
 
 
+def deepy_under_mpirun(argv: list[str], tmp_path: Path, **env) -> subprocess.CompletedProcess:
+    """deepy.py with `argv` through DeepSpeed's runner and a real mpirun (two workers here)."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    env = clean_env(PATH=open_mpi_bin() + os.pathsep + os.environ.get("PATH", ""), **env)
+    if os.geteuid() == 0:  # Open MPI refuses root unless told twice
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return deepy(*argv, f"hostfile={hostfile}", "launcher=openmpi", "deepspeed_mpi=true",
+                 "no_ssh_check=true", "master_addr=127.0.0.1", env=env)
+
+
 def test_under_mpirun_an_error_every_worker_explains_is_printed_once(trained, tmp_path):
     """The same failure through DeepSpeed's runner and a real mpirun: the ranks' error once,
     and neither mpirun's box about the exit nor a death line."""
     argv, save = damaged_resume(trained, tmp_path)
-    hostfile = tmp_path / "hostfile"
-    hostfile.write_text("localhost slots=2\n")
-    env = clean_env(PATH=open_mpi_bin() + os.pathsep + os.environ.get("PATH", ""))
-    if os.geteuid() == 0:  # Open MPI refuses root unless told twice
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    proc = deepy(*argv, f"hostfile={hostfile}", "launcher=openmpi", "deepspeed_mpi=true",
-                 "no_ssh_check=true", "master_addr=127.0.0.1", env=env)
+    proc = deepy_under_mpirun(argv, tmp_path)
     assert proc.returncode == 1, explain(proc)
     assert_one_error(proc, f"no checkpoint in {save} can be loaded:")
     assert " died: " not in proc.stderr and "non-zero status" not in proc.stderr, explain(proc)
+
+
+def test_under_mpirun_the_variables_of_deepspeed_env_reach_the_workers(trained, tmp_path):
+    """DeepSpeed's runner reads only the file of variables deepy.py gives it; those of the
+    user's ~/.deepspeed_env reach the workers too (here NEOX_TRACEBACK=1: each worker ends on
+    its traceback), and its values are not on mpirun's command line."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".deepspeed_env").write_text("NEOX_TRACEBACK=1\nNEOX_TEST_MARK=v4lue-0f-the-file\n")
+    argv, _save = damaged_resume(trained, tmp_path)
+    proc = deepy_under_mpirun(argv, tmp_path, HOME=str(home))
+    assert proc.returncode == 1, explain(proc)
+    assert "Traceback" in proc.stderr, explain(proc)
+    assert "v4lue-0f-the-file" not in proc.stdout + proc.stderr, explain(proc)
 
 
 @pytest.mark.slow
