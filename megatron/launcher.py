@@ -449,11 +449,11 @@ def _run_through_runner(args, plan: LaunchPlan, env: dict[str, str], launch_id: 
     la = args.launcher
     env = {k: v for k, v in env.items() if k not in plan.secrets}
     # DeepSpeed's runner reads only the file DS_ENV_FILE names, not the user's .deepspeed_env
-    # files: their variables travel as export_env_vars' do (after them, as the runner adds them)
+    # files: their variables travel as under pdsh (_run_through_pdsh), in the same order
     ds_env = deepspeed_env_files()
-    carried = {**plan.secrets, **secret_values(ds_env)}
-    exports = {**plan.env, **{k: v for k, v in ds_env.items() if k not in carried},
-               LAUNCH_ID_VAR: launch_id}
+    startup = {k: v for k, v in ds_env.items() if k.startswith(STARTUP_VARS)}
+    carried = {**{k: v for k, v in ds_env.items() if k not in startup}, **plan.secrets}
+    exports = {**plan.env, **startup, LAUNCH_ID_VAR: launch_id}
     files = []
     try:
         if carried:

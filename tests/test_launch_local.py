@@ -188,18 +188,34 @@ def test_a_failed_worker_is_reported_and_the_other_is_stopped(capfd, monkeypatch
     assert "stopping the other 1 worker(s)" in err and tagged("t-launch-1") == []
 
 
+def two_workers(script: str, launch_id: str, capfd) -> list[str]:
+    """Launch `script` as two local workers; deepy.py's lines on stderr (the run ends 1)."""
+    here = local_launch({"localhost": [0, 1]}, 0, "127.0.0.1", 1)
+    status = run_local([sys.executable, "-c", script], dict(os.environ), here, 600, launch_id)
+    err = capfd.readouterr().err
+    assert status == 1, err
+    return err.splitlines()
+
+
 def test_workers_failing_alike_print_their_error_once_and_no_death_line(capfd):
     """An error every rank meets (a config value the workers refuse) ends each worker with the
     same line: deepy.py prints it once with the ranks, and that line is the whole report (no
     death line says again that they exited)."""
-    here = local_launch({"localhost": [0, 1]}, 0, "127.0.0.1", 1)
     script = ("import os, sys, time\nif os.environ['LOCAL_RANK'] == '1': time.sleep(0.3)\n"
               "print(f'error (rank {os.environ[\"RANK\"]} on vm): no such task', file=sys.stderr)\n"
               "sys.exit(1)")
-    status = run_local([sys.executable, "-c", script], dict(os.environ), here, 600, "t-launch-3")
-    err = capfd.readouterr().err
-    assert status == 1
-    assert err.splitlines() == ["error (ranks 0-1 on vm): no such task"]
+    assert two_workers(script, "t-launch-3", capfd) == ["error (ranks 0-1 on vm): no such task"]
+
+
+def test_a_worker_killed_just_after_anothers_explained_error_is_reported(capfd):
+    """Rank 0 says why and exits 1; rank 1 says nothing and is killed by SIGKILL 0.3 s later
+    (within the wait for workers failing alike): its death is not left out with rank 0's."""
+    script = ("import os, signal, sys, time\nif os.environ['LOCAL_RANK'] == '1':\n"
+              "    time.sleep(0.3); os.kill(os.getpid(), signal.SIGKILL)\n"
+              "print('error (rank 0 on vm): checkpoint damaged', file=sys.stderr)\nsys.exit(1)")
+    assert two_workers(script, "t-launch-4", capfd) == [
+        "error (rank 0 on vm): checkpoint damaged",
+        f"worker rank 1 (local rank 1) on {socket.gethostname()} died: killed by SIGKILL"]
 
 
 def test_workers_that_stop_on_their_own_signal_are_not_deaths(capfd):

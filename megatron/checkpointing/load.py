@@ -78,7 +78,9 @@ def load_checkpoint(engine, ck, advice: str = NO_VALID_ADVICE, resharding: bool 
             _loud(f"{root / tag} was written by GPT-NeoX (no manifest): its files are checked "
                   "for completeness only, as it records no checksums")
         check_compatible(manifest.run, current, manifest.format_version, root / tag)
-        note = position_table_warning(manifest.config.get("pos_emb"), manifest.run, root / tag)
+        note = (None if neox_format.is_neox(manifest)  # GPT-NeoX's own table: the same layout
+                else position_table_warning(manifest.config.get("pos_emb"), manifest.run,
+                                            root / tag))
         if note:
             _loud(note)
         changes = layout_changes(manifest.run, current)

@@ -33,12 +33,14 @@ from megatron.evaluation.tasks import (LOCAL_FILE_BUILDERS, TaskYamlLoader,
 
 # the task config keys that say where a task's data comes from
 DATA_KEYS = ("dataset_path", "dataset_name", "dataset_kwargs", "custom_dataset", "class")
-# load_dataset's own arguments, which it does not pass on to load_dataset_builder, and the one
-# lm-eval drops
+# load_dataset's own arguments, which it does not pass on to load_dataset_builder
 NOT_BUILDER_KWARGS = ("split", "verification_mode", "keep_in_memory", "save_infos", "streaming",
-                      "num_proc", "trust_remote_code")
+                      "num_proc")
 MAX_ROUNDS = 8  # groups of groups of tags: each level may name tasks in other files
 SHOWN = 4  # tasks / datasets named in the error before "and N more"
+MAX_YAML_BYTES = 1 << 20  # lm-eval's largest task file is about 60 KB
+NOT_YAML_SUFFIXES = (".py", ".pyc", ".md", ".json", ".jsonl", ".csv", ".tsv", ".txt", ".parquet",
+                     ".arrow", ".gz", ".zst", ".zip", ".tar", ".sh")
 
 
 @dataclass(frozen=True)
@@ -119,15 +121,18 @@ def _registry_roots() -> list[Path]:
 
 
 def _yaml_texts(root: Path) -> dict[str, bytes]:
-    """Every file under `root` but Python sources and READMEs, with its text: the task files
-    (*.yaml, which lm-eval indexes) and the templates they include (`_default_template_yaml`,
-    `_gen_yaml_2shot`: any name), where a tag may be set for every task of a directory."""
+    """Every file under `root` that may be YAML, with its text: the task files (*.yaml, which
+    lm-eval indexes) and the templates they include (`_default_template_yaml`, `_template`,
+    `afrimmlu_direct`: any name), where a tag may be set for every task of a directory. Python
+    sources, READMEs and data files (by their suffix, or over MAX_YAML_BYTES: a task's jsonl
+    beside its YAML) are not read."""
     found = {}
     for parent, subdirs, files in os.walk(root):
         subdirs[:] = [d for d in subdirs if d not in ("__pycache__", ".ipynb_checkpoints")]
         for name in files:
-            if not name.endswith((".py", ".pyc", ".md")):
-                path = os.path.join(parent, name)
+            path = os.path.join(parent, name)
+            if (not name.lower().endswith(NOT_YAML_SUFFIXES)
+                    and os.path.getsize(path) <= MAX_YAML_BYTES):
                 with open(path, "rb") as f:
                     found[path] = f.read()
     return found
@@ -239,9 +244,21 @@ def _hub_data(task: str, cfg: dict) -> HubData | None:
     if path in LOCAL_FILE_BUILDERS or os.path.isdir(path) or path in _packaged_builders():
         return None
     name = cfg.get("dataset_name")
-    kwargs = {k: v for k, v in kwargs.items() if k not in NOT_BUILDER_KWARGS}
+    dropped = NOT_BUILDER_KWARGS + (("trust_remote_code",) if _datasets_4() else ())
+    kwargs = {k: v for k, v in kwargs.items() if k not in dropped}
     return HubData(task, path, None if name is None else str(name),
                    json.dumps(kwargs, sort_keys=True, default=str))
+
+
+def _datasets_4() -> bool:
+    """Whether the datasets library is 4.0 or later, where lm-eval drops trust_remote_code from
+    a task's dataset_kwargs (those versions run no loading scripts)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return int(version("datasets").split(".")[0]) >= 4
+    except (PackageNotFoundError, ValueError):
+        return True
 
 
 def _packaged_builders() -> set[str]:

@@ -234,8 +234,9 @@ class _Watch:
         """Record workers that ended since the last poll; print a line per way of failing,
         except for workers whose error line already said why. Workers failing alike within
         DEATH_WAIT_SECONDS of the first (an error every rank meets) share the line, after what
-        they printed last; one ending otherwise meanwhile (failing because its peer is gone) is
-        left to be stopped with the rest."""
+        they printed last; one killed by a signal meanwhile is reported too, and one ending
+        otherwise meanwhile (failing because its peer is gone) is left to be stopped with the
+        rest."""
         deaths = self._ended_since_last_poll(orderly)
         if not deaths:
             return 0
@@ -243,7 +244,7 @@ class _Watch:
         while self.alive() and time.monotonic() < deadline:
             time.sleep(POLL_SECONDS / 4)
         for returncode, local_ranks in self._ended_since_last_poll(orderly, set(deaths)).items():
-            deaths[returncode].extend(local_ranks)
+            deaths.setdefault(returncode, []).extend(local_ranks)
         self.output.settle({self.launch.ranks[r] for group in deaths.values() for r in group})
         for returncode, local_ranks in deaths.items():
             unexplained = [r for r in local_ranks if not self._explained(r, returncode)]
@@ -262,12 +263,12 @@ class _Watch:
                                only: set[int] | None = None) -> dict[int, list[int]]:
         """{returncode: local ranks} of the workers that failed since the last look (none when
         `orderly`: a stop deepy.py asked for), recording every worker that ended (with `only`,
-        those that ended with one of these return codes)."""
+        those that ended with one of these return codes or on a signal)."""
         deaths: dict[int, list[int]] = {}
         for local_rank, proc in enumerate(self.procs):
             if local_rank in self.ended or proc.poll() is None:
                 continue
-            if only is not None and proc.returncode not in only:
+            if only is not None and proc.returncode not in only and proc.returncode > 0:
                 continue
             self.ended.add(local_rank)
             if proc.returncode == 0:

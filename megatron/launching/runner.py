@@ -146,7 +146,8 @@ MPIRUN_NAMES = ("mpirun", "mpiexec", "prterun", "mpiexec.hydra", "orterun", "sru
 # exit with a non-zero status says nothing more when that status was a stop after saving
 MPIRUN_RULE = re.compile(r"^-{20,}$")
 MPIRUN_EXIT_CODE = re.compile(r"^\s*Exit code:\s*(\d+)")
-# its name of that process: "[prterun-vm-5431@1,1]" (Open MPI 5), "[[37934,1],0]" (4): the rank
+# its name of that process, ending in the rank: "[prterun-vm-5431@1,1]" (Open MPI 5, run here);
+# Open MPI 4 writes "[[37934,1],0]" (read alike, not run here)
 MPIRUN_PROCESS = re.compile(r"^\s*Process name:\s*\[.*,(\d+)\]+\s*$")
 
 

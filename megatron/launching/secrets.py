@@ -12,9 +12,9 @@ runner would put each exported variable on the remote command (`export K=V;`, `-
 exports only its path, NEOX_ENV_FILE. Every node must read that file at the same path: it lives
 in `env_file_dir` (default ~/.cache/neox; the home folder is shared on most clusters, else set
 a folder on a shared filesystem). Workers never delete it (other nodes may still read it);
-deepy.py removes it when the run ends. STARTUP_VARS matter before Python runs any code, so they
-stay on the runner's command line (DeepSpeed's runner exports PYTHON* itself): keep secrets out
-of them.
+deepy.py removes it when the run ends. STARTUP_VARS matter before Python runs any code (the
+module path, and the dynamic loader's, which NCCL's network plugins need), so they stay on the
+runner's command line (DeepSpeed's runner exports PYTHON* itself): keep secrets out of them.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Iterable, MutableMapping
 
 ENV_FILE_VAR = "NEOX_ENV_FILE"
 DEFAULT_ENV_FILE_DIR = "~/.cache/neox"
-STARTUP_VARS = ("PYTHONPATH",)
+STARTUP_VARS = ("PYTHONPATH", "LD_LIBRARY_PATH", "LD_PRELOAD")
 HIDDEN, CONFIG = "<hidden>", "<config>"
 MIN_BARE_VALUE = 8  # shorter values are hidden only where assigned (K=V), not everywhere
 

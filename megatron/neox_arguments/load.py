@@ -212,6 +212,14 @@ def _record_origin(origins: dict[str, str | None], path: str, origin: str | None
     origins[path] = origin
 
 
+def origins_of(origins: Mapping[str, str | None], path: str) -> list[str]:
+    """Every place that set part of the value at `path`: where the value (or a mapping above
+    it) was last set, then where keys inside it were set afterwards, each once."""
+    found = [origin_of(origins, path)]
+    found += [o for p, o in origins.items() if p.startswith(path + ".")]
+    return [o for o in dict.fromkeys(found) if o]
+
+
 def origin_of(origins: Mapping[str, str | None], path: str) -> str | None:
     """Where the value at key path `path` ("optimizer.params.lr") was last set: its own entry,
     else that of the nearest mapping above it; None when not known or set by the code."""

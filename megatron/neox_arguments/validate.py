@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 from . import derived as d
 from .errors import BadValue, ConfigError, Problems
-from .load import origin_of
+from .load import origins_of
 from .registries import REGISTRIES, check_choice
 from .sections.deepspeed import (BF16_KEYS, FP16_KEYS, GRAD_ACCUM_DTYPES, NEOX_FP16_EXTRA_KEYS,
                                  SWITCH_KEYS, ZERO_KEYS)
@@ -68,7 +68,7 @@ def _located(problem: str | BadValue, origins: Mapping[str, str | None]) -> str:
     """The problem's message, after where its value was set when it is about one value."""
     if isinstance(problem, str):
         return problem
-    where = origin_of(origins, problem.path)
+    where = " and ".join(origins_of(origins, problem.path))
     return f"{where}: {problem.message}" if where else problem.message
 
 

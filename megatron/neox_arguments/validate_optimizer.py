@@ -58,10 +58,10 @@ def _optimizer_params(kind: str, params: dict) -> Problems:
     if known is None:  # a type that is not implemented: refused by its choice
         return
     unknown = sorted(set(params) - set(known) - {"weight_decay"})  # which is refused apart
-    if unknown:
-        yield BadValue(f"optimizer.params.{unknown[0]}", (
-            f"optimizer.params has {', '.join(unknown)}, which optimizer type {kind} does not "
-            f"take; valid: {', '.join(known)}."))
+    for key in unknown:  # one problem each: each may come from another file or override
+        yield BadValue(f"optimizer.params.{key}", (
+            f"optimizer.params has {key}, which optimizer type {kind} does not take; valid: "
+            f"{', '.join(known)}."))
     for key in ("adam_w_mode", "bias_correction", "amsgrad", "set_grad_none", "nesterov"):
         if key in params and not isinstance(params[key], bool):
             yield BadValue(f"optimizer.params.{key}",

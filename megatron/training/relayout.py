@@ -7,6 +7,7 @@ new layout (for runs that must start without reading the old one, or to ship it)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -14,7 +15,9 @@ from pathlib import Path
 import torch.distributed as dist
 
 from megatron.checkpointing import load_checkpoint, save_checkpoint
+from megatron.checkpointing.layout import MANIFEST_NAME
 from megatron.checkpointing.load import LOADED_FROM
+from megatron.checkpointing.manifest import read_manifest
 from megatron.checkpointing.locate import reshard_source
 from megatron.monitoring.progress import progress
 from megatron.mpu.initialize import destroy_distributed, init_distributed
@@ -58,9 +61,25 @@ def _reshard(args) -> Path:
         if not resumed:
             raise FileNotFoundError(f"no checkpoint to reshard in {args.checkpoint.load}")
         bar.update()
-        resumed.pop(LOADED_FROM, None)
+        engine.run = _as_loaded(engine.run, resumed.pop(LOADED_FROM, None))
         iteration = int(resumed.pop("iteration"))
         saved = save_checkpoint(engine, args.checkpoint, iteration, resumed)
         bar.update()
         dist.barrier()  # leave the process group together: no rank tears it down under another
     return saved
+
+
+def _as_loaded(run, step_dir: str | None):
+    """`run` without the position table's layout where the checkpoint in `step_dir` does not
+    record it (a sinusoidal model of an earlier version, whose load warned): the weights are
+    not retrained here, so the rewritten checkpoint must not claim the new layout. A GPT-NeoX
+    checkpoint (no manifest) has that layout."""
+    if step_dir is None or "position_table" not in run.shape:
+        return run
+    directory = Path(step_dir)
+    if not (directory / MANIFEST_NAME).is_file():
+        return run
+    if "position_table" in read_manifest(directory).run:
+        return run
+    shape = {k: v for k, v in run.shape.items() if k != "position_table"}
+    return dataclasses.replace(run, shape=shape)

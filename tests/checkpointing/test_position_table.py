@@ -39,6 +39,17 @@ def _save_and_load(rank: int, world: int, directory: str, pos_emb: str) -> dict:
         load_checkpoint(engines.build(args), args.checkpoint)
         read_checkpoint(args.checkpoint.load, None, run_args=args)
         out[case] = [m for m in heard if "position table" in m]
+    # the reshard tool's load and save (megatron/training/relayout.py), here on the test engine
+    from megatron.checkpointing.load import LOADED_FROM
+    from megatron.training.relayout import _as_loaded
+
+    engine = engines.build(args)
+    resumed = load_checkpoint(engine, args.checkpoint, resharding=True)
+    engine.run = _as_loaded(engine.run, resumed.pop(LOADED_FROM))
+    again = args.replace(save=str(Path(directory) / "resharded")).checkpoint
+    save_checkpoint(engine, again, int(resumed.pop("iteration")), resumed)
+    written = Path(again.save) / "global_step1" / "manifest.json"
+    out["resharded"] = json.loads(written.read_text())["run"].get("position_table")
     return out
 
 
@@ -56,6 +67,7 @@ def test_a_sinusoidal_checkpoint_records_its_table_and_an_older_one_is_named(tmp
         "signals than it learned: fine-tune it for a while, or generate and evaluate it with "
         "the version that trained it")
     assert warned[1] == warned[0]
+    assert result["resharded"] is None  # not retrained: it does not claim the new layout
 
 
 @pytest.mark.parametrize("pos_emb", ["rotary", "learned"])
@@ -63,3 +75,4 @@ def test_other_position_embeddings_record_no_table_and_never_warn(tmp_path, pos_
     result = run_distributed(_save_and_load, 1, str(tmp_path), pos_emb)[0]
     assert result["recorded"] is None
     assert result["as written"] == result["earlier version"] == []
+    assert result["resharded"] is None

@@ -86,6 +86,28 @@ def test_the_last_source_of_a_nested_value_is_named(write):
                             "optimizer.params.lr(0) must be a number greater than 0.")
 
 
+def test_a_rule_over_a_whole_mapping_names_every_source_of_its_keys(write):
+    """The shape of `optimizer` is judged as a whole: the file that set it and the override that
+    changed a key inside are both named; unknown params are one problem each, each with its own
+    source."""
+    base = write("base.yml", BASE_YML)
+    opt = write("opt.yml", "optimizer: {type: Adam, params: {lr: 0.01, zzz: 1}}\n")
+    with pytest.raises(ConfigError) as e:
+        NeoXArgs.from_ymls([base, opt], ["optimizer.type=5"])
+    assert str(e.value) == (
+        f"{opt} and command-line override `optimizer.type=5`: optimizer must look like {{type: "
+        "Adam, params: {lr: 0.0006, betas: [0.9, 0.95], eps: 1.0e-8}}; got {'type': 5, "
+        "'params': {'lr': 0.01, 'zzz': 1}}.")
+    with pytest.raises(ConfigError) as e:
+        NeoXArgs.from_ymls([base, opt], ["optimizer.params.aaa=1"])
+    valid = "valid: lr, betas, eps, adam_w_mode, bias_correction, amsgrad, set_grad_none."
+    assert str(e.value) == (
+        "The config has 2 problems:\n"
+        "  - command-line override `optimizer.params.aaa=1`: optimizer.params has aaa, which "
+        f"optimizer type Adam does not take; {valid}\n"
+        f"  - {opt}: optimizer.params has zzz, which optimizer type Adam does not take; {valid}")
+
+
 def test_each_of_several_problems_names_its_own_source(write):
     path = write("a.yml", "norm: batchnorm\nhidden_size: 66\n")
     with pytest.raises(ConfigError) as e:
