@@ -28,7 +28,8 @@ _LOGGED: set[str] = set()
 
 def sdpa_attention(q, k, v, mask, dropout_p: float, softmax_fp32: bool) -> torch.Tensor:
     """torch's scaled_dot_product_attention (picks a fused CPU/GPU kernel by itself), or, for
-    the CPU bf16 calls it is faster at, our blocked kernel (megatron/model/cpu_attention.py)."""
+    the CPU bf16 and fp32 calls it is faster at, our blocked kernel
+    (megatron/model/cpu_attention.py)."""
     del softmax_fp32  # SDPA accumulates the softmax in fp32 already
     if cpu_attention.supports(q, k, mask, dropout_p):
         _log_once("cpu", cpu_attention.PATH_LINE)

@@ -29,15 +29,17 @@ Grouped-query attention (k and v with fewer heads than q) runs without repeating
 `g` query heads that share a key head are stacked as rows of one product.
 
 Where it runs: `supports` says yes for plain causal attention (no mask, no dropout) on CPU bf16
-tensors of up to `MAX_POSITIONS` positions; everything else goes through torch SDPA. Measured
-with `python bench/attention.py --dtypes bf16` on a 2-core AVX-512 CPU, forward and backward,
-with the host-memory setting of training (the bench's default), SDPA/ours: 2.5x at 128
-positions, 2.0x at 256 and 512, 1.5x at 768; 1.4x at 1024 and 1.1-1.2x at 2048, where the
+or fp32 tensors of up to `MAX_POSITIONS` positions; everything else goes through torch SDPA.
+Measured with `python bench/attention.py --dtypes bf16` on a 2-core AVX-512 CPU, forward and
+backward, with the host-memory setting of training (the bench's default), SDPA/ours: 2.5x at
+128 positions, 2.0x at 256 and 512, 1.5x at 768; 1.4x at 1024 and 1.1-1.2x at 2048, where the
 probabilities kept would grow with s^2 (2.3 GiB over the 12 layers of a 125M model for 4
 sequences of 2048), so longer sequences stay with SDPA. A run just before, of the kernel that
-recomputed its probabilities: 2.3x, 1.7x, 1.8x and 1.2x from 128 to 768 positions. fp32 ran
-at 0.7-1.1x SDPA's speed in earlier runs and stays with SDPA; the function itself computes fp32
-as well (the tests check it there against fp64).
+recomputed its probabilities: 2.3x, 1.7x, 1.8x and 1.2x from 128 to 768 positions. fp32
+(`--dtypes fp32`, torch 2.13): 1.0x at 128 positions, 1.2x at 256, 1.5x at 512 (1.3x with
+128-wide heads), 1.1x at 768 and 1024, 0.9-1.0x at 2048; in a 125M-class fp32 training step SDPA
+took a tenth of the time. The probabilities kept are fp32 there (27 MiB a layer at 512
+positions). The tests check fp32 against fp64.
 """
 
 from __future__ import annotations
@@ -48,17 +50,18 @@ import torch
 
 from megatron.model.cpu_attention_blocks import BLOCK, MAX_POSITIONS
 
-PATH_LINE = (f"attention on CPU tensors: plain causal bf16 attention of up to {MAX_POSITIONS} "
-             f"positions runs in blocks of {BLOCK} queries (megatron/model/cpu_attention.py); "
-             "other attention through torch SDPA")
+PATH_LINE = ("attention on CPU tensors: plain causal bf16 or fp32 attention of up to "
+             f"{MAX_POSITIONS} positions runs in blocks of {BLOCK} queries "
+             "(megatron/model/cpu_attention.py); other attention through torch SDPA")
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, mask, dropout_p: float) -> bool:
     """Whether this kernel takes the call: plain causal attention (no mask) over as many keys
-    as queries, without dropout, on CPU bf16 tensors of up to MAX_POSITIONS positions, outside
-    torch.compile (inductor writes its own attention there)."""
+    as queries, without dropout, on CPU bf16 or fp32 tensors of up to MAX_POSITIONS positions,
+    outside torch.compile (inductor writes its own attention there)."""
     return (mask is None and dropout_p == 0.0 and q.device.type == "cpu"
-            and q.dtype == k.dtype == torch.bfloat16 and q.shape[2] == k.shape[2]
+            and q.dtype == k.dtype and q.dtype in (torch.bfloat16, torch.float32)
+            and q.shape[2] == k.shape[2]
             and q.shape[2] <= MAX_POSITIONS and q.shape[1] % k.shape[1] == 0
             and not torch.compiler.is_compiling())
 

@@ -8,8 +8,8 @@ runs wherever the kernel cannot (CPU tensors, or no `triton` installed). Per fla
 - scaled_upper_triang_masked_softmax_fusion, scaled_masked_softmax_fusion: attention always runs
   through torch's scaled_dot_product_attention, which computes scale, mask (causal, document,
   window, ALiBi bias) and softmax inside one fused kernel (flash or memory-efficient on a GPU),
-  or, for plain causal bf16 attention on CPU tensors of up to 768 positions, through our
-  blocked kernel, which is faster there (megatron/model/cpu_attention.py); the flags choose
+  or, for plain causal bf16 or fp32 attention on CPU tensors of up to 768 positions, through
+  our blocked kernel, which is faster there (megatron/model/cpu_attention.py); the flags choose
   nothing more.
 - layernorm_fusion, rmsnorm_fusion: the Triton norm kernel, forward and backward. Without it,
   torch.nn.LayerNorm (one op already) and torch's rms_norm op.
@@ -97,7 +97,7 @@ def _path(flag: str, model) -> str:
     """Which path runs for `flag` (set to true) with the model section `model`, and why."""
     if flag == "scaled_upper_triang_masked_softmax_fusion":
         return (_SDPA.format("causal mask") + " in every layer, whatever this flag says (on "
-                "CPU tensors plain causal bf16 attention of up to "
+                "CPU tensors plain causal bf16 or fp32 attention of up to "
                 f"{cpu_attention.MAX_POSITIONS} positions runs through our blocked kernel "
                 "instead, megatron/model/cpu_attention.py)")
     if flag == "scaled_masked_softmax_fusion":

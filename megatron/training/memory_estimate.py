@@ -41,11 +41,12 @@ the data-parallel degree and b the bytes of the run's dtype (fp32 4, bf16/fp16 2
                        [b, heads/tp, s, s] are stored only when the math kernel runs: on CPU,
                        torch SDPA uses its fused kernel unless attention_dropout > 0 and then
                        materialises fp32 scores (softmax output, dropout output: 8 bytes + a
-                       1-byte mask per score); the blocked CPU kernel for bf16 keeps the
-                       causal blocks of its probabilities (about s(s + 64)/2 per head,
-                       `blocked_cpu_attention`); on CUDA the fused kernels keep a
-                       [b, heads, s] fp32 log-sum-exp instead. With checkpoint_activations a
-                       layer keeps only its input (sbh) and one layer at a time is recomputed.
+                       1-byte mask per score); the blocked CPU kernel (bf16 or fp32 q, k,
+                       v) keeps the causal blocks of its probabilities in their dtype (about
+                       s(s + 64)/2 per head, `blocked_cpu_attention`); on CUDA the fused
+                       kernels keep a [b, heads, s] fp32 log-sum-exp instead. With
+                       checkpoint_activations a layer keeps only its input (sbh) and one layer
+                       at a time is recomputed.
                        The first pipeline stage holds min(pp, gradient_accumulation_steps)
                        micro-batches in flight (1F1B), stage k min(pp - k, gas).
 - backward working set  one layer's activations again: the gradients its backward allocates.
@@ -296,12 +297,11 @@ def cpu_fp32_products(config, e: int, device: str) -> bool:
 
 def blocked_cpu_attention(config, s: int, e: int, device: str) -> bool:
     """Whether plain causal attention runs through the blocked CPU kernel, which keeps its
-    probabilities (megatron/model/cpu_attention.py `supports`): bf16 products on a CPU, no
-    attention dropout, up to MAX_POSITIONS positions, no ALiBi bias or sliding window. Runs
-    whose documents mask each other (reset_attention_mask) pass a mask and take SDPA instead;
-    the estimate counts the probabilities for them too."""
-    return (device == "cpu" and e == 2 and not cpu_fp32_products(config, e, device)
-            and config.attention_dropout == 0 and s <= MAX_POSITIONS
+    probabilities (megatron/model/cpu_attention.py `supports`): on a CPU (bf16 or fp32 q, k
+    and v), no attention dropout, up to MAX_POSITIONS positions, no ALiBi bias or sliding
+    window. Runs whose documents mask each other (reset_attention_mask) pass a mask and take
+    SDPA instead; the estimate counts the probabilities for them too."""
+    return (device == "cpu" and config.attention_dropout == 0 and s <= MAX_POSITIONS
             and config.pos_emb != "alibi"
             and not any(attention_window(config.attention_type(i), config.sliding_window_width)
                         for i in range(config.num_layers)))
@@ -329,8 +329,8 @@ def layer_activation_bytes(config, mb: int, s: int, tp: int, sp: bool, e: int,
         scores = mb * (heads // tp) * s * s * 9
         note = "math attention (CPU with attention_dropout > 0): fp32 scores stored"
     elif blocked_cpu_attention(config, s, e, device):
-        scores = mb * (heads // tp) * kept_probabilities(s) * e
-        note = (f"blocked CPU attention (bf16, up to {MAX_POSITIONS} positions): its causal "
+        scores = mb * (heads // tp) * kept_probabilities(s) * attn_e
+        note = (f"blocked CPU attention (up to {MAX_POSITIONS} positions): its causal "
                 "blocks of probabilities stored")
     else:
         scores = mb * (heads // tp) * s * 4

@@ -98,14 +98,15 @@ def test_the_backward_keeps_q_k_v_and_only_the_causal_blocks_of_the_probabilitie
     assert all(t.dtype == torch.bfloat16 for t in saved)
 
 
-def test_sdpa_attention_takes_it_for_plain_causal_cpu_bf16_attention_only():
+def test_sdpa_attention_takes_it_for_plain_causal_cpu_bf16_and_fp32_attention_only():
     q, k, v = (torch.randn(1, 2, 32, 8, dtype=torch.bfloat16) for _ in range(3))
     keep = torch.ones(32, 32, dtype=torch.bool).tril()
     assert cpu_attention.supports(q, k, None, 0.0)
     assert not cpu_attention.supports(q, k, keep, 0.0)  # a mask: windows, documents, ALiBi
     assert not cpu_attention.supports(q, k, None, 0.1)  # attention dropout
     assert not cpu_attention.supports(q, k[:, :, :16], None, 0.0)  # a cache's keys
-    assert not cpu_attention.supports(q.float(), k.float(), None, 0.0)  # SDPA is as fast
+    assert cpu_attention.supports(q.float(), k.float(), None, 0.0)
+    assert not cpu_attention.supports(q.double(), k.double(), None, 0.0)
     assert not cpu_attention.supports(q.half(), k.half(), None, 0.0)
     long = torch.randn(1, 2, cpu_attention.MAX_POSITIONS + 1, 8, dtype=torch.bfloat16)
     assert cpu_attention.supports(long[:, :, 1:], long[:, :, 1:], None, 0.0)
@@ -145,5 +146,5 @@ def test_the_bench_times_both_kernels_and_names_the_one_the_model_calls(capsys):
     lines = capsys.readouterr().out.splitlines()[1:]
     assert [line.split(":")[0] for line in lines] == [
         "b1 h2 s70 d8 bf16", "b1 h2 s70 d8 fp32", "b1 h2 s800 d8 bf16", "b1 h2 s800 d8 fp32"]
-    assert [line.rsplit(" ", 1)[1] for line in lines] == ["ours", "SDPA", "SDPA", "SDPA"]
+    assert [line.rsplit(" ", 1)[1] for line in lines] == ["ours", "ours", "SDPA", "SDPA"]
     assert all("SDPA/ours" in line for line in lines)

@@ -409,6 +409,7 @@ def test_export_without_output_dir_goes_beside_the_checkpoint_with_the_umask(lla
 def test_tanh_gelu_maps_to_bias_gelu_fusion_both_ways(data, tmp_path, capsys):
     """HF's tanh GELUs are GPT-NeoX's bias_gelu_fusion GELU: a config without the flag is
     refused naming it, one with it imports with HF's logits and exports as gelu_pytorch_tanh."""
+    torch.manual_seed(0)
     hf = hf_gpt_neox(vocab=2048, hidden_act="gelu_new", initializer_range=0.5)  # tanh != erf here
     hf.save_pretrained(tmp_path / "hf")
     args = ["--hf_model", str(tmp_path / "hf"), "--config_file", "configs/tiny.yml", str(data[2])]
@@ -427,10 +428,12 @@ def test_tanh_gelu_maps_to_bias_gelu_fusion_both_ways(data, tmp_path, capsys):
     with torch.inference_mode():
         theirs = hf(tokens).logits
     ours = our_logits(config, ck.canonical, tokens)[..., :2048]
-    tol = 1e-5 * theirs.abs().max().item()  # logits of order 10 at this initializer_range
+    # logits of order 10 at this initializer_range, where fp32 kernels that sum in another
+    # order (attention: HF's SDPA, our blocked CPU kernel) differ by up to about 5e-5 of them
+    tol = 1e-4 * theirs.abs().max().item()
     assert (ours - theirs).abs().max().item() < tol
     erf = our_logits(dataclasses.replace(config, bias_gelu_fusion=False), ck.canonical, tokens)
-    assert (erf[..., :2048] - theirs).abs().max().item() > 20 * tol  # the flag matters here
+    assert (erf[..., :2048] - theirs).abs().max().item() > 5 * tol  # the flag matters here
 
     assert tool("convert_neox_to_hf").main([
         "--input_dir", str(tmp_path / "ckpt" / "global_step0"), "--config_file",

@@ -236,13 +236,14 @@ def test_checkpointing_keeps_layer_inputs_only():
 
 
 def test_blocked_cpu_attention_adds_the_probabilities_it_keeps():
-    """bf16 products on a CPU run plain causal attention through the blocked kernel, which keeps
-    its causal blocks of bf16 probabilities (the kernel's own test counts the same tensors);
-    fp32 products, ALiBi and attention dropout take SDPA, which keeps none or the full scores."""
+    """Plain causal attention on a CPU runs through the blocked kernel, which keeps its causal
+    blocks of probabilities in the dtype of q, k and v (the kernel's own test counts the same
+    tensors): bf16 with native bf16 products, fp32 in fp32 runs and where bf16 products run as
+    fp32. ALiBi and attention dropout take SDPA, which keeps a log-sum-exp or the full scores."""
     from megatron.model.cpu_attention_blocks import kept_probabilities
 
-    def activations(*extra):
-        args = load(["configs/tiny.yml"], "bf16={enabled: true}", *extra)
+    def activations(*extra, bf16=True):
+        args = load(["configs/tiny.yml"], *(["bf16={enabled: true}"] if bf16 else []), *extra)
         return training_estimate(args, 1024, device="cpu").term("activations")
 
     fp32_products = activations("cpu_matmul_precision=fp32")
@@ -250,10 +251,13 @@ def test_blocked_cpu_attention_adds_the_probabilities_it_keeps():
     mb, heads, layers, s = 8, 4, 3, 32
     lse = mb * heads * s * 4  # what the fused kernels' log-sum-exp is counted as
     fp32_qkv = mb * s * (2 * 64 + 2 * 64) * 2  # q, k, v and output in fp32 instead of bf16
-    assert native - (fp32_products - layers * fp32_qkv) == layers * (
-        mb * heads * kept_probabilities(s) * 2 - lse)
+    kept = mb * heads * kept_probabilities(s)
+    assert native - (fp32_products - layers * fp32_qkv) == layers * (kept * 2 - kept * 4)
     assert kept_probabilities(s) == 32 * 32 and kept_probabilities(512) == 512 * 576 // 2
-    assert activations("cpu_matmul_precision=native", "pos_emb=alibi") < native
+    assert native - activations("cpu_matmul_precision=native", "pos_emb=alibi") == layers * (
+        kept * 2 - lse)
+    fp32 = activations(bf16=False)
+    assert fp32 - activations("pos_emb=alibi", bf16=False) == layers * (kept * 4 - lse)
     with_dropout = activations("cpu_matmul_precision=native", "attention_dropout=0.1")
     assert with_dropout > native  # the math kernel's fp32 [s, s] scores
 
