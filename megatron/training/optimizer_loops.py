@@ -29,6 +29,10 @@ norm and unscales each one. `fuse(optimizer)` replaces these loops by `torch._fo
 - a gradient holds inf or NaN exactly when its largest magnitude (the inf-norm, one
   multi-tensor op for all of them) is not finite, which is what DeepSpeed's max/min test finds.
 
+Besides, the bf16 optimizer's weights have their bf16 gradients dropped before each backward
+rather than zeroed (`clear_lp_grads`): autograd then hands each gradient over as computed, where
+it would add it into a zero-filled one, the same values with a fill and an addition fewer.
+
 What the loops do besides (`_hp_grad` links, the has-gradient marks, folding corrections of
 expert-parallel auto TP, norms of expert gradients, another norm type, CPU offload, sparse
 gradients) is kept, or handed back to DeepSpeed's own code where it applies. The fp16 wrapper
@@ -61,6 +65,8 @@ def fuse(optimizer) -> bool:
     if isinstance(optimizer, BF16_Optimizer) and _has(optimizer, BF16_ATTRIBUTES):
         _patch_norm_and_clip()
         optimizer.update_hp_grads = functools.partial(update_hp_grads, optimizer)
+        if not optimizer.immediate_grad_update:
+            optimizer.clear_lp_grads = functools.partial(clear_lp_grads, optimizer)
         return True
     if (isinstance(optimizer, FP16_UnfusedOptimizer) and _has(optimizer, UNFUSED_ATTRIBUTES)
             and _has(optimizer.overflow_checker, ("params", "has_overflow_serial"))):
@@ -160,6 +166,15 @@ def update_hp_grads(optimizer, clear_lp_grads: bool = False) -> None:
             torch._foreach_add_(hp_grads, lp_grads)
             if clear_lp_grads:
                 torch._foreach_zero_(lp_grads)
+
+
+def clear_lp_grads(optimizer, set_to_none: bool = True) -> None:
+    """BF16_Optimizer.clear_lp_grads, called before each backward: the bf16 gradients dropped
+    (set to None) rather than zeroed, unless a caller asks for zeros. Each backward then hands
+    its gradients over as they are computed instead of adding them into zeroed tensors, and
+    update_hp_grads accumulates them into the fp32 (or bf16) gradients as before: one fill and
+    one addition fewer over every weight per micro-batch."""
+    type(optimizer).clear_lp_grads(optimizer, set_to_none=set_to_none)
 
 
 def _replace_once(module, name: str, make) -> None:
