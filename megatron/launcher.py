@@ -410,6 +410,15 @@ def run_plan(args, plan: LaunchPlan) -> int:
         kill_tagged(launch_id)
 
 
+def _split_worker_variables(plan: LaunchPlan) -> tuple[dict[str, str], dict[str, str]]:
+    """(startup, carried): the `.deepspeed_env` variables a process needs before it starts
+    (STARTUP_VARS: on the launch command), and the rest of them with the secrets after them
+    (in the owner-only file), the same split and order for pdsh and DeepSpeed's runner."""
+    ds_env = deepspeed_env_files()
+    startup = {k: v for k, v in ds_env.items() if k.startswith(STARTUP_VARS)}
+    return startup, {**{k: v for k, v in ds_env.items() if k not in startup}, **plan.secrets}
+
+
 def _run_through_pdsh(args, plan: LaunchPlan, env: dict[str, str], launch_id: str) -> int:
     """pdsh starting the node launchers; the secrets and `.deepspeed_env`'s variables in an
     owner-only file that only its path reaches."""
@@ -423,9 +432,7 @@ def _run_through_pdsh(args, plan: LaunchPlan, env: dict[str, str], launch_id: st
         nodes = dataclasses.replace(nodes, master_addr=first_host_address(first, env))
         log.info("master address %s (hostname -I on %s; set master_addr to choose)",
                  nodes.master_addr, first)
-    ds_env = deepspeed_env_files()
-    startup = {k: v for k, v in ds_env.items() if k.startswith(STARTUP_VARS)}
-    carried = {**{k: v for k, v in ds_env.items() if k not in startup}, **plan.secrets}
+    startup, carried = _split_worker_variables(plan)
     exports = {**node_exports(plan.env, env), **startup, LAUNCH_ID_VAR: launch_id}
     path = write_secrets_file(carried, la.env_file_dir) if carried else None
     if path:
@@ -449,10 +456,8 @@ def _run_through_runner(args, plan: LaunchPlan, env: dict[str, str], launch_id: 
     la = args.launcher
     env = {k: v for k, v in env.items() if k not in plan.secrets}
     # DeepSpeed's runner reads only the file DS_ENV_FILE names, not the user's .deepspeed_env
-    # files: their variables travel as under pdsh (_run_through_pdsh), in the same order
-    ds_env = deepspeed_env_files()
-    startup = {k: v for k, v in ds_env.items() if k.startswith(STARTUP_VARS)}
-    carried = {**{k: v for k, v in ds_env.items() if k not in startup}, **plan.secrets}
+    # files: their variables travel as under pdsh (_run_through_pdsh)
+    startup, carried = _split_worker_variables(plan)
     exports = {**plan.env, **startup, LAUNCH_ID_VAR: launch_id}
     files = []
     try:

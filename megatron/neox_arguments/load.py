@@ -245,16 +245,17 @@ def merge_layer(
         written_value = value
         for part in reversed(rest):  # "amp.enabled=false" writes amp: {enabled: false}
             written_value = {part: written_value}
-        key = canonical_key(head, written_value, source)
+        where = (_origin(source, raw, texts or {}) if isinstance(raw, str) else None) or source
+        key = canonical_key(head, written_value, where)
         if key is None:
             continue
         if rest:
             if key not in MAPPING_KEYS:
                 raise ConfigError(
-                    f"'{raw}' in {source}: {key} is not a mapping, so it has no keys."
+                    f"'{raw}' in {where}: {key} is not a mapping, so it has no keys."
                 )
             base = resolved.values.get(key, FIELD_DEFAULTS[key])
-            value = _set_nested(base if base is not None else {}, [key, *rest], value, raw, source)
+            value = _set_nested(base if base is not None else {}, [key, *rest], value, raw, where)
         elif key in written:
             raise ConfigError(
                 f"{source} sets '{key}' twice (as '{written[key]}' and '{raw}'); keep one."

@@ -160,4 +160,5 @@ def test_deepspeed_s_scheduler_section_is_refused_with_its_source(write):
     assert str(e.value) == f"{path}: {why}"
     with pytest.raises(ConfigError) as e:
         NeoXArgs.from_ymls([base], [text.replace(": ", "=", 1)])
-    assert str(e.value) == f"command line: {why}"
+    override = text.replace(": ", "=", 1)
+    assert str(e.value) == f"command-line override `{override}`: {why}"

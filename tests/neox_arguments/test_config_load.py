@@ -89,7 +89,8 @@ def test_unknown_key_names_file_and_nearest_keys(write):
     msg = str(e.value)
     assert "Unknown config key 'hiden_size'" in msg and path in msg
     assert msg.endswith("Did you mean: hidden_size?")  # not batch_size, much further off
-    with pytest.raises(ConfigError, match="'trian_iters' in command line. Did you mean: train_iters"):
+    with pytest.raises(ConfigError, match="'trian_iters' in command-line override `trian_iters=3`. "
+                       "Did you mean: train_iters"):
         NeoXArgs.from_ymls([write("ok.yml", BASE_YML)], ["trian_iters=3"])
 
 

@@ -44,14 +44,15 @@ def test_not_implemented_key_off_its_default_is_refused(key, value, default):
     shown = f'"{value}"' if isinstance(value, str) else str(value).lower()
     assert f"it is set to {shown}" in msg
     assert f"only GPT-NeoX's default ({default}, which changes nothing) is accepted" in msg
-    assert msg.startswith("command line: ")
+    assert msg.startswith(f"command-line override `{key}={shown}`: ")
 
 
 def test_runtime_key_off_its_default_is_refused():
     with pytest.raises(ConfigError) as e:
         NeoXArgs.from_ymls([TINY], {"curriculum_seqlen": 64})
     msg = str(e.value)
-    assert "'curriculum_seqlen' in command line is not a config option here" in msg
+    assert ("'curriculum_seqlen' in command-line override `curriculum_seqlen=64` is not a config "
+            "option here") in msg
     assert "it is set to 64, and only GPT-NeoX's default (0, which changes nothing)" in msg
     with pytest.raises(ConfigError, match="'deepspeed' .* set to false.* default \\(true"):
         NeoXArgs.from_ymls([TINY], {"deepspeed": False})
@@ -62,7 +63,8 @@ def test_runtime_key_off_its_default_is_refused():
 def test_a_key_read_from_another_place_says_the_override_to_write_instead():
     """GPT-NeoX's top-level `lr` is filled from optimizer.params.lr: the message gives the
     override that sets it (docs/finetune.md's advice to set the learning rate)."""
-    with pytest.raises(ConfigError, match=r"'lr' in command line is not a config option here: it "
+    with pytest.raises(ConfigError, match=r"'lr' in command-line override `lr=0.001` is not a "
+                       r"config option here: it "
                        r"is read from optimizer.params.lr; .* Set optimizer.params.lr=0.001 "
                        r"instead\.$"):
         NeoXArgs.from_ymls([TINY], ["lr=0.001"])
