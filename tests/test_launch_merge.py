@@ -154,6 +154,31 @@ def test_an_error_of_several_lines_is_printed_once_for_the_ranks_whose_lines_are
                                                "  a line after it was printed"]
 
 
+
+def test_errors_interleaved_in_a_stream_that_mixes_ranks_are_printed_once():
+    """mpirun's one stream: rank 0's error starts before rank 1's last line came, so that line
+    and rank 0's own last line both follow rank 0's first lines. The message is printed once for
+    both ranks, its last line once; a copy that is only cut short joins the whole one too."""
+    out = io.StringIO()
+    merger = WarningMerger(out, range(3), window=5)
+    first = "no checkpoint in ck can be loaded:"
+    body = ["  global_step30:", "    - ck/global_step30/layer_02.pt: sha256 7009... differs",
+            "Restore the files from a backup, or remove `load` to start from scratch"]
+    for line in [f"error (rank 1 on vm): {first}", *body[:2], f"error (rank 0 on vm): {first}",
+                 *body[:2], body[2], body[2], f"error (rank 2 on vm): {first}", body[0]]:
+        merger.feed(None, line)
+    merger.close()
+    assert out.getvalue().splitlines() == [f"error (ranks 0-2 on vm): {first}", *body]
+    out = io.StringIO()
+    merger = WarningMerger(out, range(2), window=5)
+    for r, lines in ((0, body[:2]), (1, body[:1] + ["  global_step20: missing"])):
+        for line in (f"error (rank {r} on vm): {first}", *lines):
+            merger.feed(r, line)
+    merger.close()  # neither begins the other: a copy each
+    assert out.getvalue().splitlines() == [
+        f"error (rank 0 on vm): {first}", *body[:2],
+        f"error (rank 1 on vm): {first}", body[0], "  global_step20: missing"]
+
 def test_warnings_two_ranks_print_in_opposite_orders_come_out_when_the_window_passes():
     out = io.StringIO()
     merger = WarningMerger(out, range(2), window=0.3)

@@ -22,7 +22,8 @@ and the further lines of a message of several), are merged the same way, naming 
 held for the window or until a death report (`... died: ...`), which prints whatever is held
 first, so that the error comes before it; `said_why(ranks)` tells a launcher that those ranks
 printed such an error, so their death needs no line of its own. Ranks whose further lines
-differ get a copy each:
+differ get a copy each; a copy whose lines begin another's (cut short, or, in mpirun's stream
+that mixes ranks, its last lines taken by the next copy) joins that one:
 
     error (ranks 0-7 on node-a, node-b): checkpoint ck/global_step2 is damaged and will not ...
       - ck/global_step2/layer_00-model_00-model_states.pt: sha256 90ccf575c0d3c7c8... differs ...
@@ -242,10 +243,10 @@ class WarningMerger:
             # "error (ranks 0-3 on a, b): ...", once for each text its further lines give it
             alike: dict[tuple[str, ...], tuple[set[int], set[str]]] = {}
             for ranks, hosts, body in held.copies:
-                group = alike.setdefault(tuple(body), (set(), set()))
+                group = alike.setdefault(_deduplicated(body), (set(), set()))
                 group[0].update(ranks)
                 group[1].update(hosts)
-            for body, (ranks, hosts) in alike.items():
+            for body, (ranks, hosts) in _fold_prefixes(alike).items():
                 self._write(f"error ({who(sorted(ranks))} on {', '.join(sorted(hosts))}): "
                             f"{text[len('error: '):]}")
                 for line in body:
@@ -269,6 +270,31 @@ class WarningMerger:
         out = out or self.out
         out.write(line + "\n")
         out.flush()
+
+
+def _deduplicated(body: list[str]) -> tuple[str, ...]:
+    """An error's further lines with a line repeated at once kept once. In a stream that mixes
+    ranks (mpirun's) the copies' further lines cannot be told apart: when a second rank's error
+    starts before the first's last line came, the lines after it, both ranks' last ones, all go
+    to the second copy, one after the other."""
+    return tuple(line for i, line in enumerate(body) if i == 0 or line != body[i - 1])
+
+
+def _fold_prefixes(alike: dict[tuple[str, ...], tuple[set[int], set[str]]]
+                   ) -> dict[tuple[str, ...], tuple[set[int], set[str]]]:
+    """The copies' further lines with each that begins a longer one counted into that one: the
+    copy cut short, whose last lines went to another copy (above) or were not sent before the
+    worker was stopped, printed once with the whole message."""
+    folded: dict[tuple[str, ...], tuple[set[int], set[str]]] = {}
+    for body in sorted(alike, key=len, reverse=True):
+        ranks, hosts = alike[body]
+        longer = next((b for b in folded if b[:len(body)] == body), None)
+        if longer is None:
+            folded[body] = (set(ranks), set(hosts))
+        else:
+            folded[longer][0].update(ranks)
+            folded[longer][1].update(hosts)
+    return folded
 
 
 def pipe_lines(fd: int, out: TextIO, merger: WarningMerger | None, rank: int | None,
