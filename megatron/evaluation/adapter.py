@@ -26,7 +26,7 @@ from lm_eval.api.model import LM  # noqa: E402
 from megatron.evaluation.scoring import score_windows  # noqa: E402
 from megatron.evaluation.windows import scoring_windows  # noqa: E402
 from megatron.monitoring.logger import get_logger  # noqa: E402
-from megatron.text_generation.generation import (cut_at_stop, generate,  # noqa: E402
+from megatron.text_generation.generation import (generate, sample_text,  # noqa: E402
                                                  stop_string_checker)
 from megatron.text_generation.runtime import Replicas  # noqa: E402
 from megatron.text_generation.sampling import SamplingParams, seeded_generators  # noqa: E402
@@ -190,8 +190,5 @@ class NeoXLM(LM):
                            frozenset({self.eod}), self.batch_size, generators,
                            text_stop=stop_string_checker(until, self.tokenizer.detokenize),
                            pad_id=self.tokenizer.pad)
-        texts = []
-        for g in results:
-            body = g.ids[:-1] if g.stop_reason == "stop_token" else g.ids
-            texts.append(cut_at_stop(self.tokenizer.detokenize(body), until))
+        texts = [sample_text(self.tokenizer.detokenize, g, until) for g in results]
         return self.replicas.gather(texts, len(prompts))

@@ -195,6 +195,21 @@ def stop_string_checker(stop_strings: tuple[str, ...], detokenize) -> TextStop |
     return stop
 
 
+REPLACEMENT = "\ufffd"  # what decoding puts for bytes that are not (yet) a whole character
+
+
+def sample_text(detokenize, g: Generated, stop_strings: tuple[str, ...]) -> str:
+    """A sample's text: its ids without the stop id, decoded, cut before any stop string. When
+    maximum_tokens ends a sample inside a character (byte-level tokenizers give a character of
+    several UTF-8 bytes tokens of their own), its first bytes decode to one U+FFFD, which is left
+    out: the text ends at the last whole character (`ids` keep every token)."""
+    body = g.ids[:-1] if g.stop_reason == "stop_token" else g.ids
+    text = cut_at_stop(detokenize(body), stop_strings)
+    if g.stop_reason == "length" and text.endswith(REPLACEMENT):
+        text = text[:-1]
+    return text
+
+
 def cut_at_stop(text: str, stop_strings: tuple[str, ...]) -> str:
     """`text` up to the first occurrence of any stop string."""
     cut = len(text)

@@ -9,7 +9,8 @@ Global rank 0 gathers and writes `sample_output_file`, in index order, one JSON 
      "length": 12, "finished": true, "stop_reason": "stop_token", "duration_seconds": 0.41,
      "batch_size": 8}
 
-`text` is the generated text without the stop token and cut before any stop string;
+`text` is the generated text without the stop token and cut before any stop string, and
+without the first bytes of a character that maximum_tokens cut in two (generation.sample_text);
 `token_ids` are the generated ids (ending with the stop id when one ended the sample);
 `finished` is false when maximum_tokens ran out; `duration_seconds` is the wall time of the
 batch the sample was generated in. Unconditional samples start from EOD (as does an empty
@@ -31,7 +32,7 @@ from megatron.monitoring.logger import get_logger, print_rank_0
 from megatron.monitoring.progress import progress
 from megatron.safety.signals import Preempted, StopSignals
 from megatron.text_generation.checks import validate_stop_ids, validate_stop_strings
-from megatron.text_generation.generation import cut_at_stop, generate, stop_string_checker
+from megatron.text_generation.generation import generate, sample_text, stop_string_checker
 from megatron.text_generation.prompts import check_lengths, prompt_tokens, read_prompts
 from megatron.text_generation.runtime import InferenceRuntime, inference_runtime
 from megatron.text_generation.sampling import SamplingParams, seeded_generators
@@ -74,8 +75,7 @@ class _Sampler:
         return rt.replicas.gather(local, len(prompts))
 
     def _record(self, index: int, context: str, g) -> dict:
-        body = g.ids[:-1] if g.stop_reason == "stop_token" else g.ids
-        text = cut_at_stop(self.tok.detokenize(body), self.stop_strings)
+        text = sample_text(self.tok.detokenize, g, self.stop_strings)
         return {"index": index, "context": context, "text": text,
                 "prompt_token_ids": g.prompt_ids, "token_ids": g.ids, "length": len(g.ids),
                 "finished": g.stop_reason != "length", "stop_reason": g.stop_reason,

@@ -1,7 +1,8 @@
 """README.md's `make train` figures: the run that command makes (the built-in dataset, then
 `deepy.py train.py configs/tiny.yml`, 200 iterations on two processes) logs the losses the
-README quotes. Data, checkpoints and logs go to a temporary directory instead of the checkout;
-nothing else differs from `make data` and `make train`."""
+README quotes. The dataset is made as `make data` makes it, in the checkout's data/ (reused when
+up to date, as there: test_doc_commands.py makes the same one); checkpoints and logs go to a
+temporary directory instead of the checkout. Nothing else differs from `make train`."""
 
 from __future__ import annotations
 
@@ -30,10 +31,10 @@ def quoted_losses() -> list[tuple[int, str, float]]:
 def test_make_train_logs_the_losses_the_readme_quotes(tmp_path):
     quoted = quoted_losses()
     made = subprocess.run([sys.executable, "tools/datasets/prepare_data.py", "builtin", "-d",
-                           str(tmp_path / "data")], cwd=ROOT, env=clean_env(),
+                           "data"], cwd=ROOT, env=clean_env(),
                           capture_output=True, text=True, timeout=300)
     assert made.returncode == 0, explain(made)
-    builtin = tmp_path / "data" / "builtin"
+    builtin = ROOT / "data" / "builtin"
     run = deepy("train.py", "configs/tiny.yml",
                 f"data_path={builtin / 'builtin_text_document'}",
                 f"vocab_file={builtin / 'tokenizer.json'}", f"save={tmp_path / 'ckpt'}",

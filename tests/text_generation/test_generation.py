@@ -6,8 +6,8 @@ import torch
 
 from megatron.text_generation import checks
 from megatron.text_generation.checks import check_kv_cache_fits, validate_stop_ids
-from megatron.text_generation.generation import (cut_at_stop, generate, generate_batch,
-                                                 stop_string_checker)
+from megatron.text_generation.generation import (Generated, cut_at_stop, generate,
+                                                 generate_batch, sample_text, stop_string_checker)
 from megatron.text_generation.sampling import SamplingParams, seeded_generators
 from tests.text_generation.models import VARIANTS, small_model
 
@@ -73,6 +73,28 @@ def test_a_stop_id_ends_only_its_row_and_stop_strings_cut_the_text():
                        text_stop=stop_string_checker((target,), text))[0]
     assert by_text.stop_reason == "stop_string" and by_text.ids == free[1].ids[:at + 1]
     assert cut_at_stop(text(by_text.ids), (target,)) == text(free[1].ids[:at])
+
+
+def test_a_sample_cut_inside_a_character_ends_at_the_last_whole_one(small_data):
+    """The built-in byte-level BPE gives each UTF-8 byte of a rare character a token of its own:
+    maximum_tokens running out between them leaves the character out of the text, not U+FFFD;
+    the ids keep every token, and an ending that is not a cut keeps what it decodes to."""
+    from megatron.tokenizer import build_tokenizer
+
+    tok = build_tokenizer("HFTokenizer", small_data[1])
+    ids = tok.tokenize("a price of 5\u20ac, paid")
+    cuts = [k for k in range(1, len(ids)) if tok.detokenize(ids[:k]).endswith("\ufffd")]
+    assert cuts, [tok.detokenize([i]) for i in ids]  # the euro sign takes several tokens
+    cut = Generated([0], ids[:cuts[0]], "length")
+    assert tok.detokenize(cut.ids) == "a price of 5\ufffd"
+    assert sample_text(tok.detokenize, cut, ()) == "a price of 5"
+    whole = Generated([0], ids, "length")
+    assert sample_text(tok.detokenize, whole, ()) == "a price of 5\u20ac, paid"
+    assert sample_text(tok.detokenize, Generated([0], ids + [tok.eod], "stop_token"),
+                       (", paid",)) == "a price of 5\u20ac"
+    # a model that ends on bytes that are no character keeps them, as it wrote them
+    ended = Generated([0], ids[:cuts[0]] + [tok.eod], "stop_token")
+    assert sample_text(tok.detokenize, ended, ()) == "a price of 5\ufffd"
 
 
 def test_prompt_plus_maximum_tokens_beyond_the_context_is_refused_with_the_numbers():
