@@ -9,7 +9,10 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +20,8 @@ from megatron.launching.local import death_line, local_launch, run_local, worker
 from megatron.launching.runner import describe_runner_line
 from megatron.launching.secrets import Redactor, load_env_file, write_env_file
 from megatron.launching.stopping import LAUNCH_ID_VAR, exit_description, tagged
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_each_worker_gets_the_variables_deepspeeds_launcher_would_set():
@@ -223,3 +228,34 @@ def test_workers_that_stop_on_their_own_signal_are_not_deaths(capfd):
     status = run_local([sys.executable, "-c", "import sys; sys.exit(143)"], dict(os.environ),
                        here, 600, "t-launch-2")
     assert status == 143 and " died: " not in capfd.readouterr().err
+
+
+def test_a_stop_signal_that_comes_as_the_workers_end_loses_none_of_their_output():
+    """A pdsh launch's stop reaches a node launcher over ssh, so it can come after the node's
+    workers already stopped (their ranks agreed on another node's signal), while their last
+    lines are being read. The launcher still relays those lines and returns the workers'
+    status; it used to be ended by the signal there, and the worker's `preempted ...` line was
+    lost. The worker's child keeps the pipe open for a second to stretch that moment."""
+    worker = ("import subprocess, sys\n"
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1.5); "
+              "print(\"preempted (SIGTERM) at iteration 9\", flush=True)'])\n"
+              "print('saved checkpoint', flush=True)\n"
+              "sys.exit(143)\n")
+    launcher = ("import os, signal, sys\n"
+                "from megatron.launching.local import local_launch, run_local\n"
+                "here = local_launch({'localhost': [0]}, 0, '127.0.0.1', 1)\n"
+                f"status = run_local([sys.executable, '-c', {worker!r}], dict(os.environ), "
+                "here, 600, 't-launch-5', abort_signal=signal.SIGUSR1)\n"
+                "print(f'node launcher ends: {status}', flush=True)\n"
+                "sys.exit(status)\n")
+    proc = subprocess.Popen([sys.executable, "-c", launcher], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = [proc.stdout.readline()]
+    assert lines == ["saved checkpoint\n"], lines
+    time.sleep(0.7)  # the worker has ended; its child still holds the pipe
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143, (proc.returncode, out)
+    assert out.splitlines() == ["preempted (SIGTERM) at iteration 9",
+                                "node launcher ends: 143"], out
+    assert tagged("t-launch-5") == []

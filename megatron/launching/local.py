@@ -137,14 +137,20 @@ def run_local(argv: list[str], env: dict[str, str], launch: LocalLaunch, grace_s
     try:
         with DeepySignals(grace_seconds, lambda signum: send(procs, signum),
                           announce=not abort_signal, on_stop=on_stop) as signals:
-            for local_rank, rank in enumerate(launch.ranks):
-                with output.pipes(rank) as (out, err):
-                    procs.append(subprocess.Popen(
-                        argv, env=worker_env(env, launch, local_rank, launch_id), stdout=out,
-                        stderr=err, start_new_session=True, preexec_fn=_die_with_parent))
-            return watch.until_done(signals)
+            try:
+                for local_rank, rank in enumerate(launch.ranks):
+                    with output.pipes(rank) as (out, err):
+                        procs.append(subprocess.Popen(
+                            argv, env=worker_env(env, launch, local_rank, launch_id),
+                            stdout=out, stderr=err, start_new_session=True,
+                            preexec_fn=_die_with_parent))
+                return watch.until_done(signals)
+            finally:
+                # the workers' last lines are read with the handlers still in place: a signal
+                # that comes as the workers end (a pdsh launch's stop reaching a node launcher
+                # whose workers already agreed to stop) would otherwise end this process first
+                output.close()
     finally:
-        output.close()
         if abort_signal:
             signal.signal(abort_signal, previous)
 

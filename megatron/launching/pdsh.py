@@ -38,7 +38,7 @@ from pathlib import Path
 from megatron.launching.node import MODULE, encode_spec
 from megatron.launching.local import PREEMPTED
 from megatron.launching.merge import WarningMerger, parse_ranks
-from megatron.launching.runner import relay
+from megatron.launching.runner import drain, relay, signal_group
 from megatron.launching.secrets import Redactor
 from megatron.launching.stopping import LAUNCH_ID_VAR, DeepySignals, kill_tagged
 
@@ -253,13 +253,10 @@ def run_pdsh(launch: PdshLaunch, worker_argv: list[str], exports: dict[str, str]
                       file=sys.stderr, flush=True)
                 nodes.send("KILL")
                 nodes.finish_senders()
-                _signal_group(proc.pid, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
                 proc.wait()
             time.sleep(POLL_SECONDS)
-    _signal_group(proc.pid, signal.SIGKILL)  # ssh clients pdsh may have left behind
-    for thread in threads:
-        thread.join(timeout=10)
-    merger.close()
+        drain(proc, threads, merger)  # with the handlers in place (local.run_local says why)
     nodes.finish_senders()
     kill_tagged(launch_id)  # this machine's share, when it is one of the nodes
     if signals.signum:
@@ -273,9 +270,3 @@ def _pdsh_env(env: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in env.items() if k != LAUNCH_ID_VAR}
     return {**env, "PDSH_RCMD_TYPE": env.get("PDSH_RCMD_TYPE", "ssh")}
 
-
-def _signal_group(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass

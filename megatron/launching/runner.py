@@ -197,7 +197,7 @@ def run_runner(argv: list[str], env: dict[str, str], grace_seconds: float, launc
             except psutil.Error:
                 pass
         if not mpiruns:
-            _signal_group(proc.pid, signum)
+            signal_group(proc.pid, signum)
 
     with DeepySignals(grace_seconds, forward, on_stop=on_stop) as signals:
         while proc.poll() is None or (signals.signum and not signals.expired()
@@ -205,12 +205,9 @@ def run_runner(argv: list[str], env: dict[str, str], grace_seconds: float, launc
             if signals.expired() and proc.poll() is None:
                 print("deepy.py: the launcher did not stop within signal_grace_seconds: killing "
                       "it (SIGKILL)", file=sys.stderr, flush=True)
-                _signal_group(proc.pid, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
             time.sleep(POLL_SECONDS)
-    _signal_group(proc.pid, signal.SIGKILL)  # whatever the runner left in its session
-    for thread in threads:
-        thread.join(timeout=10)
-    merger.close()
+        drain(proc, threads, merger)  # with the handlers in place (local.run_local says why)
     if signals.signum:
         return 128 + signals.signum
     return shell_status(proc.returncode)
@@ -232,7 +229,17 @@ def _mpiruns(pid: int) -> list:
     return found
 
 
-def _signal_group(pgid: int, signum: int) -> None:
+def drain(proc: subprocess.Popen, threads, merger: WarningMerger) -> None:
+    """After the launcher process (DeepSpeed's runner, pdsh) ended: what its session left
+    killed, its last output read and every line the merger holds printed."""
+    signal_group(proc.pid, signal.SIGKILL)
+    for thread in threads:
+        thread.join(timeout=10)
+    merger.close()
+
+
+def signal_group(pgid: int, signum: int) -> None:
+    """`signum` to the process group `pgid`; one already gone is no error."""
     try:
         os.killpg(pgid, signum)
     except (ProcessLookupError, PermissionError):
