@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import shlex
 import socket
 import stat
 import sys
@@ -288,8 +289,11 @@ def _runner_launch(la, python: str, port: int, hosts: dict[str, list[int]],
         argv.append("--no_ssh_check")
     argv += selection
     if la.launcher == "slurm" and (la.comment or la.account):
-        extra = " ".join(x for x in (f"--comment={la.comment}" if la.comment else "",
-                                     f"--account={la.account}" if la.account else "") if x)
+        # DeepSpeed's runner splits launcher_args as a shell would: a value with spaces is
+        # quoted so that srun gets it as one argument ("--comment=my run", not a program `run`)
+        extra = " ".join(shlex.quote(f"--{key}={value}")
+                         for key, value in (("comment", la.comment), ("account", la.account))
+                         if value)
         argv.append(f"--launcher_args={extra}")
     return argv
 

@@ -84,6 +84,24 @@ def test_slurm_launch_asks_nothing_over_ssh_and_no_gpus_the_hostfile_does_not_na
     assert flag(plan.argv, "num_gpus") == "1" and plan.world_size == 2 and plan.local is None
 
 
+def test_slurm_comment_and_account_reach_srun_as_one_argument_each(tmp_path):
+    """DeepSpeed's runner builds the srun command: a comment with spaces and quotes is still
+    one argument, not words srun would take for the program to run."""
+    from deepspeed.launcher.multinode_runner import SlurmRunner
+    from deepspeed.launcher.runner import parse_args
+
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node-a slots=2\nnode-b slots=2\n")
+    plan = plan_launch(args(hostfile=hostfile, launcher="slurm", deepspeed_slurm=True,
+                            comment="'nightly run, it''s long'", account="proj-42"),
+                       "train.py")
+    runner_args = parse_args(plan.argv[4:])
+    slots = {"node-a": [0, 1], "node-b": [0, 1]}
+    srun = SlurmRunner(runner_args, "e30=", slots).get_cmd({}, slots)
+    assert srun[:5] == ["srun", "-n", "4", "--comment=nightly run, it's long",
+                        "--account=proj-42"], srun
+
+
 def test_deepspeed_slurm_needs_the_hostfile_when_launching_not_when_loading(tmp_path):
     loaded = args(launcher="slurm", deepspeed_slurm=True)  # as srun's workers decode it too
     with pytest.raises(ValueError, match="deepspeed_slurm needs a hostfile of the allocation's "

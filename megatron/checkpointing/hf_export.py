@@ -50,6 +50,7 @@ from megatron.monitoring.logger import get_logger
 from megatron.monitoring.progress import progress
 from megatron.neox_arguments import NeoXArgs
 from megatron.paths import check_writable
+from megatron.tokenizer.hf import PAD_TOKEN
 
 log = get_logger(__name__)
 
@@ -78,11 +79,12 @@ def default_output_dir(step_dir: Path) -> Path:
 
 def export_to_hf(input_dir: Path, args, output_dir: Path | None, architecture: str = "auto",
                  precision: str = "auto", *, iteration: int | None = None,
-                 overwrite: bool = False) -> Path:
+                 overwrite: bool = False, pad_token_id: int | None = None) -> Path:
     """Write the checkpoint `input_dir` (a global_step<N> directory, or a save directory's
     `iteration`, else the one its `latest` names) as a Hugging Face model directory
     `output_dir` (None: `default_output_dir`); returns it. `args` None: the checkpoint's own
-    saved config. Every refusal comes before any weight is read and writes nothing."""
+    saved config. `pad_token_id` None: the tokenizer's pad (`export_padding`). Every refusal
+    writes nothing."""
     if precision != "auto" and precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is not known; valid: auto, "
                          f"{', '.join(PRECISIONS)}")
@@ -100,6 +102,7 @@ def export_to_hf(input_dir: Path, args, output_dir: Path | None, architecture: s
         ck = read_step(step_dir, args)
         bar.update()
         config = exported_config(args, ck, tokenizer)
+        pad, pad_token = export_padding(tokenizer, args.tokenizer, config, pad_token_id)
         dtype = ck.canonical["0.word_embeddings.weight"].dtype if precision == "auto" \
             else PRECISIONS[precision]
         if overwrite:
@@ -111,11 +114,11 @@ def export_to_hf(input_dir: Path, args, output_dir: Path | None, architecture: s
                      str(dtype).replace("torch.", ""), ck.step_dir, output_dir)
             return output_dir
         model = to_hf_model(ck.canonical, config, tokenizer.eod, architecture=name, dtype=dtype,
-                            pad_token_id=tokenizer.pad)
+                            pad_token_id=pad)
         bar.update()
         save_hf_model(model, output_dir)
         write_hf_tokenizer(tokenizer, output_dir, config.max_position_embeddings,
-                           chat_template_beside(args.tokenizer.vocab_file))
+                           chat_template_beside(args.tokenizer.vocab_file), pad, pad_token)
         bar.update()
     log.info("wrote %s (%s) from %s to %s", hf_class_name(config, name),
              str(dtype).replace("torch.", ""), ck.step_dir, output_dir)
@@ -297,6 +300,43 @@ def exported_config(args, ck, tokenizer) -> ModelConfig:
     return config
 
 
+def export_padding(tokenizer, tok, config: ModelConfig,
+                   pad_token_id: int | None) -> tuple[int, str | None]:
+    """The pad id of the export (`pad_token_id`, else the tokenizer's), and the token to add to
+    the exported tokenizer for it (None: the tokenizer has it).
+
+    A reward model is read by Hugging Face at the last token that is not padding, and trained
+    to be read at the end-of-text token that closes the text: its pad must be another id. A
+    tokenizer whose pad is its end-of-text token gets a PAD_TOKEN of its own, in the first row
+    of the padded vocabulary, which no text produces; with no such row (or a tokenizer without
+    a Hugging Face form) --pad_token_id must name an id the texts never contain."""
+    backend = getattr(tokenizer, "tokenizer", None)
+    ids = max(tokenizer.vocab_size, tokenizer.max_token_id + 1)
+    which = f"the tokenizer ({tok.tokenizer_type}, {tok.vocab_file})"
+    if pad_token_id is not None and not 0 <= pad_token_id < ids:
+        raise ValueError(f"--pad_token_id {pad_token_id} is not an id of {which}: its ids are "
+                         f"0-{ids - 1}")
+    pad = tokenizer.pad if pad_token_id is None else pad_token_id
+    if not config.value_head or pad != tokenizer.eod:
+        return pad, None
+    why = (f"the end-of-text id of {which}: Hugging Face reads a reward model at the last token "
+           "that is not padding, which would be the token before the end-of-text token the "
+           "model was trained to be read at")
+    if pad_token_id is not None:
+        raise ValueError(f"--pad_token_id {pad_token_id} is {why}; give an id the scored texts "
+                         "never contain")
+    from tokenizers import Tokenizer
+
+    if not isinstance(backend, Tokenizer) or ids >= config.padded_vocab_size:
+        raise ValueError(f"the pad id {pad} is {why}, and the checkpoint has no spare "
+                         f"vocabulary row for a padding token of its own: pass --pad_token_id "
+                         "with an id the scored texts never contain")
+    log.info("the tokenizer pads with its end-of-text token (id %d): the reward model is "
+             "exported with a padding token of its own, %s (id %d), so that Hugging Face reads "
+             "it at the end-of-text token", pad, PAD_TOKEN, ids)
+    return ids, PAD_TOKEN
+
+
 def chat_template_beside(vocab_file: str | None):
     """The chat template of the Hugging Face tokenizer directory holding `vocab_file` (its
     chat_template.jinja, else the `chat_template` of its tokenizer_config.json), or None."""
@@ -313,20 +353,28 @@ def chat_template_beside(vocab_file: str | None):
     return settings.get("chat_template") if isinstance(settings, dict) else None
 
 
-def write_hf_tokenizer(tokenizer, output_dir: Path, max_length: int,
-                       chat_template=None) -> bool:
+def write_hf_tokenizer(tokenizer, output_dir: Path, max_length: int, chat_template=None,
+                       pad_id: int | None = None, pad_token: str | None = None) -> bool:
     """tokenizer.json + tokenizer_config.json (a `PreTrainedTokenizerFast`: bos = eos = our
-    end-of-document token, pad = ours, the chat template given) when the tokenizer is built on
-    `tokenizers`; else a warning and False."""
-    from tokenizers import Tokenizer
+    end-of-document token, pad = `pad_id` (default ours), the chat template given) when the
+    tokenizer is built on `tokenizers`; else a warning and False. `pad_token` is added as a
+    special token first, taking the id `pad_id`."""
+    from tokenizers import AddedToken, Tokenizer
 
     backend = getattr(tokenizer, "tokenizer", None)
     if not isinstance(backend, Tokenizer):
         log.warning("%s has no Hugging Face tokenizer form: no tokenizer was written to %s; "
                     "add the tokenizer's files there yourself", tokenizer.name, output_dir)
         return False
+    pad_id = tokenizer.pad if pad_id is None else pad_id
+    if pad_token is not None:
+        backend = Tokenizer.from_str(backend.to_str())  # the run's tokenizer is left as it is
+        backend.add_special_tokens([AddedToken(pad_token, special=True)])
+        if backend.token_to_id(pad_token) != pad_id:
+            raise ValueError(f"{pad_token} took id {backend.token_to_id(pad_token)} in the "
+                             f"exported tokenizer, not {pad_id}")
     backend.save(str(output_dir / "tokenizer.json"))
-    eos, pad = backend.id_to_token(tokenizer.eod), backend.id_to_token(tokenizer.pad)
+    eos, pad = backend.id_to_token(tokenizer.eod), backend.id_to_token(pad_id)
     settings = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": eos,
                 "eos_token": eos, "pad_token": pad, "model_max_length": max_length,
                 "clean_up_tokenization_spaces": False}

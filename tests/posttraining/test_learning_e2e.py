@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from megatron.checkpointing.layout import manifest_digest
+from megatron.data.chat_example import question
 from tests.posttraining.runs import greedy_accuracy, posttrain
 from tests.runs import ROOT, deepy, explain
 
@@ -157,7 +158,62 @@ def test_a_reward_model_ranks_held_out_pairs_and_exports_to_hugging_face(chat_fi
         mine = ours(ids, torch.arange(9).expand(2, 9))[:, -1]  # the value at the last token
         theirs = hf(ids).logits.squeeze(-1)  # HF reads the last token that is not padding
     assert torch.allclose(mine, theirs, atol=1e-5), (mine, theirs)
+    # the exported tokenizer renders conversations as the one the data was made with
+    from transformers import AutoTokenizer
+
+    conversation = [question("red"), {"role": "assistant", "content": "cherry!"}]
+    assert (AutoTokenizer.from_pretrained(str(out)).apply_chat_template(conversation)
+            == AutoTokenizer.from_pretrained(str(chat_files.tokenizer_dir))
+            .apply_chat_template(conversation))
+    exports_a_tokenizer_that_pads_with_its_end_of_text(chat_files, run / "ckpt", ours, tmp_path)
     refuses_a_reward_model(chat_files, run / "ckpt", tmp_path)
+
+
+def exports_a_tokenizer_that_pads_with_its_end_of_text(chat_files, ckpt: Path, ours, tmp_path):
+    """The same reward model with a tokenizer whose pad is its end-of-text token (GPT-2's, or
+    a tokenizer.json without <|padding|>): the export gives it a padding token of its own, so
+    Hugging Face reads each text of a padded batch at its end-of-text token, where the model
+    was trained to be read; naming the end-of-text id as the pad is refused."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    no_pad = tmp_path / "no_pad"
+    no_pad.mkdir()
+    text = Path(chat_files.vocab_file).read_text(encoding="utf-8")
+    (no_pad / "tokenizer.json").write_text(text.replace("<|padding|>", "<|unused|>"),
+                                           encoding="utf-8")
+    (no_pad / "tokenizer.yml").write_text(f"vocab_file: {no_pad / 'tokenizer.json'}\n")
+    step_dir = ckpt / (ckpt / "latest").read_text()
+    configs = [str(step_dir / "config.yml"), str(no_pad / "tokenizer.yml")]
+
+    def export(out: Path, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(ROOT / "tools/ckpts/convert_neox_to_hf.py"),
+                               "--input_dir", str(ckpt), "--output_dir", str(out),
+                               "--config_file", *configs, *extra],
+                              cwd=ROOT, capture_output=True, text=True)
+
+    refused = export(tmp_path / "refused", "--pad_token_id", "0")
+    assert refused.returncode == 1 and "error: --pad_token_id 0 is the end-of-text id of the " \
+        "tokenizer (HFTokenizer, " in refused.stderr, explain(refused)
+    assert not (tmp_path / "refused").exists()
+    out = tmp_path / "rm_hf_no_pad"
+    proc = export(out)
+    assert proc.returncode == 0, explain(proc)
+    hf = AutoModelForSequenceClassification.from_pretrained(str(out)).eval()
+    tok = AutoTokenizer.from_pretrained(str(out))
+    pad = Tokenizer.from_str(text).get_vocab_size(with_added_tokens=True)  # the first id past
+    assert (tok.pad_token, tok.pad_token_id, hf.config.pad_token_id) == ("<|padding|>", pad, pad)
+    assert f"a padding token of its own, <|padding|> (id {pad})" in proc.stderr
+    assert tok.eos_token_id == 0 and tok.decode([5, 0]).endswith("<|endoftext|>")
+    rows = [[7, 300, 41, 9, 1200, 0], [88, 5, 0]]  # texts ending in end-of-text, right-padded
+    batch = tok.pad({"input_ids": rows}, return_tensors="pt")
+    with torch.no_grad():
+        theirs = hf(**batch).logits.squeeze(-1)
+        mine = torch.stack([ours(torch.tensor([r]), torch.arange(len(r))[None])[0, -1]
+                            for r in rows])
+    assert batch["input_ids"][1].tolist() == [88, 5, 0, pad, pad, pad]
+    assert torch.allclose(mine, theirs, atol=1e-5), (mine, theirs)
 
 
 def refuses_a_reward_model(chat_files, ckpt: Path, tmp_path: Path) -> None:

@@ -208,4 +208,5 @@ def test_help_describes_the_tool_in_full(capsys):
             "(config.json and pytorch_model.bin, as GPT-NeoX's convert_neox_to_mamba_ssm.py "
             "writes).") in text
     assert "--input_dir checkpoints/tiny --iteration 100" in text and "--overwrite" in text
-    assert "from_pretrained(output_dir)` and AutoTokenizer." in text
+    assert "from_pretrained(output_dir)` and AutoTokenizer (a reward" in text
+    assert "--pad_token_id PAD_TOKEN_ID, --pad-token-id PAD_TOKEN_ID" in text

@@ -20,8 +20,10 @@ and an existing non-empty one is refused unless --overwrite, which first removes
 export's model, weight and tokenizer files there. --config_file (default: the checkpoint's own config.yml,
 whose relative vocab_file / merge_file are read from the current directory) gives the model and
 the tokenizer. --architecture auto picks the Hugging Face class that holds the model;
---precision auto keeps the dtype the checkpoint stores its weights in. The result loads with
-`transformers.AutoModelForCausalLM.from_pretrained(output_dir)` and AutoTokenizer.
+--precision auto keeps the dtype the checkpoint stores its weights in. --pad_token_id
+(GPT-NeoX's --pad-token-id) sets the pad id of the config and tokenizer. The result loads with
+`transformers.AutoModelForCausalLM.from_pretrained(output_dir)` and AutoTokenizer (a reward
+model: AutoModelForSequenceClassification).
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ def main(argv=None) -> int:
                              "model); mamba_ssm: mamba_ssm's format, for Mamba models")
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
                         help="dtype of the written weights (auto: the checkpoint's)")
+    parser.add_argument("--pad_token_id", "--pad-token-id", type=int, default=None,
+                        help="the pad id of the exported config and tokenizer (default: the "
+                             "tokenizer's; a reward model whose tokenizer pads with its "
+                             "end-of-text token gets a <|padding|> token of its own)")
     args = parser.parse_args(argv)
 
     def run() -> None:
@@ -69,7 +75,8 @@ def main(argv=None) -> int:
         run_args = NeoXArgs.from_ymls(args.config_file) if args.config_file else None
         output_dir = Path(args.output_dir) if args.output_dir else None
         export_to_hf(Path(args.input_dir), run_args, output_dir, args.architecture,
-                     args.precision, iteration=args.iteration, overwrite=args.overwrite)
+                     args.precision, iteration=args.iteration, overwrite=args.overwrite,
+                     pad_token_id=args.pad_token_id)
 
     return run_entry(run)
 
