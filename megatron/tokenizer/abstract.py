@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 
 class AbstractTokenizer(ABC):
@@ -61,17 +61,22 @@ class AbstractTokenizer(ABC):
         return f"{type(self).__name__}(vocab_size={self.vocab_size}, eod={self.eod})"
 
 
-def require_token_id(token_to_id: Callable[[str], int | None], token: str, role: str,
-                     source: str) -> int:
-    """The id of `token`, or a ValueError naming the token, its role and the file (A13)."""
-    token_id = token_to_id(token)
-    if token_id is None:
-        raise ValueError(
-            f"the {role} token {token!r} is not in the vocabulary of {source}; add it as a "
-            "special token when training the tokenizer (train_bpe_tokenizer does) or use a "
-            "tokenizer that defines it"
-        )
-    return int(token_id)
+def require_token_id(token_to_id: Callable[[str], int | None], tokens: str | Sequence[str],
+                     role: str, source: str) -> int:
+    """The id of the first of `tokens` in the vocabulary, or a ValueError naming them, their
+    role and the file (A13)."""
+    names = [tokens] if isinstance(tokens, str) else list(dict.fromkeys(t for t in tokens if t))
+    for token in names:
+        token_id = token_to_id(token)
+        if token_id is not None:
+            return int(token_id)
+    which = (f"token {names[0]!r}" if len(names) == 1
+             else f"token (one of {', '.join(map(repr, names))})")
+    raise ValueError(
+        f"the {role} {which} is not in the vocabulary of {source}; add it as a special token "
+        "when training the tokenizer (train_bpe_tokenizer does) or use a tokenizer that "
+        "defines it"
+    )
 
 
 def require_file(path: str | None, what: str, tokenizer_type: str,

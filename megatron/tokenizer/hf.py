@@ -1,8 +1,16 @@
-"""`HFTokenizer`: a HuggingFace `tokenizers` JSON file (EOD "<|endoftext|>", pad "<|padding|>")."""
+"""`HFTokenizer`: a HuggingFace `tokenizers` JSON file.
+
+The end-of-document token is "<|endoftext|>" (GPT-NeoX's); in a file without it, the
+`eos_token` of the tokenizer_config.json beside the file (a Hugging Face tokenizer directory,
+e.g. Llama 3's: the EOS its chat data is made with), else the first of EOD_FALLBACKS in it. The
+pad is "<|padding|>", else that config's `pad_token`, else the end-of-document token.
+"""
 
 from __future__ import annotations
 
-from typing import Iterable
+import json
+from pathlib import Path
+from typing import Iterable, Sequence
 
 from tokenizers import Tokenizer
 
@@ -10,17 +18,21 @@ from megatron.tokenizer.abstract import AbstractTokenizer, require_file, require
 
 EOD_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|padding|>"
+EOD_FALLBACKS = ("<|end_of_text|>", "</s>", "<eos>")  # Llama 3; Llama 2, Mistral; Gemma
 
 
 class TokenizersBackend(AbstractTokenizer):
     """Shared code for tokenizers built on a `tokenizers.Tokenizer`."""
 
-    def __init__(self, name: str, tokenizer: Tokenizer, source: str):
+    def __init__(self, name: str, tokenizer: Tokenizer, source: str,
+                 eod_tokens: Sequence[str] = (EOD_TOKEN,),
+                 pad_tokens: Sequence[str] = (PAD_TOKEN,)):
         super().__init__(name)
         self.tokenizer = tokenizer
         self.source = source
-        self._eod = require_token_id(tokenizer.token_to_id, EOD_TOKEN, "end-of-document", source)
-        pad = tokenizer.token_to_id(PAD_TOKEN)
+        self._eod = require_token_id(tokenizer.token_to_id, eod_tokens, "end-of-document", source)
+        pad = next((tokenizer.token_to_id(t) for t in pad_tokens
+                    if t and tokenizer.token_to_id(t) is not None), None)
         self._pad = self._eod if pad is None else int(pad)
         vocab = tokenizer.get_vocab(with_added_tokens=True)
         self._vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -72,4 +84,28 @@ class HFTokenizer(TokenizersBackend):
         except Exception as err:  # tokenizers raises its own Exception subclass
             raise ValueError(f"HFTokenizer: cannot load {path} as a tokenizers JSON file: "
                              f"{err}") from err
-        super().__init__("HFTokenizer", tokenizer, path)
+        beside = special_tokens_beside(path)
+        super().__init__("HFTokenizer", tokenizer, path,
+                         (EOD_TOKEN, beside.get("eos_token"), *EOD_FALLBACKS),
+                         (PAD_TOKEN, beside.get("pad_token")))
+
+
+def special_tokens_beside(path: str) -> dict[str, str]:
+    """The special tokens (eos_token, pad_token, ...) the tokenizer_config.json in the folder of
+    `path` names as text; none when it has no such file."""
+    config = Path(path).parent / "tokenizer_config.json"
+    try:
+        settings = json.loads(config.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        raise ValueError(f"HFTokenizer: cannot read {config} (the tokenizer's settings beside "
+                         f"{path}): {err}") from err
+    tokens = {}
+    for key in ("eos_token", "pad_token"):
+        value = settings.get(key) if isinstance(settings, dict) else None
+        if isinstance(value, dict):  # an AddedToken written out: {"content": ..., ...}
+            value = value.get("content")
+        if isinstance(value, str) and value:
+            tokens[key] = value
+    return tokens

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from megatron.tokenizer.abstract import AbstractTokenizer, require_file
+from megatron.tokenizer.abstract import AbstractTokenizer, require_file, require_token_id
 
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>")
 PAD_CANDIDATES = ("<|padding|>", "<pad>")
@@ -29,11 +29,7 @@ class SPMTokenizer(AbstractTokenizer):
         path = require_file(vocab_file, "SentencePiece model file (vocab_file)", self.name)
         self.tokenizer = spm.SentencePieceProcessor(model_file=path)
         vocab = {self.tokenizer.id_to_piece(i): i for i in range(self.tokenizer.get_piece_size())}
-        eod = next((vocab[t] for t in EOD_CANDIDATES if t in vocab), None)
-        if eod is None:
-            raise ValueError(f"the end-of-document token (one of {', '.join(EOD_CANDIDATES)}) is "
-                             f"not in the vocabulary of {path}")
-        self._eod = eod
+        self._eod = eod = require_token_id(vocab.get, EOD_CANDIDATES, "end-of-document", path)
         self._pad = next((vocab[t] for t in PAD_CANDIDATES if t in vocab), eod)
         self._vocab_size = len(vocab)
 

@@ -57,8 +57,56 @@ def test_tokenizer_without_eod_is_refused(tmp_path, corpus_texts):
     train_bpe_tokenizer(corpus_texts, 300, str(path), special_tokens=("<pad>",))
     with pytest.raises(ValueError) as err:
         build_tokenizer("HFTokenizer", str(path))
-    assert "end-of-document token '<|endoftext|>'" in str(err.value)
-    assert str(path) in str(err.value)
+    assert (f"the end-of-document token (one of '<|endoftext|>', '<|end_of_text|>', '</s>', "
+            f"'<eos>') is not in the vocabulary of {path}; add it as a special token") \
+        in str(err.value)
+
+
+LLAMA3_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                   "<|end_header_id|>", "<|eot_id|>")
+LLAMA3_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
+                   "<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>{% endfor %}")
+
+
+def llama3_shaped_dir(path: Path, corpus_texts, eos: str | None) -> Path:
+    """A Hugging Face tokenizer directory shaped like Llama 3's: no <|endoftext|> or
+    <|padding|>, its own special tokens, and (unless `eos` is None) a tokenizer_config.json
+    naming the EOS, as Llama-3-Instruct's names <|eot_id|>."""
+    from transformers import PreTrainedTokenizerFast
+
+    train_bpe_tokenizer(corpus_texts, 300, str(path / "tokenizer.json"),
+                        special_tokens=LLAMA3_SPECIALS)
+    if eos is not None:
+        PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"),
+                                bos_token="<|begin_of_text|>", eos_token=eos,
+                                chat_template=LLAMA3_TEMPLATE).save_pretrained(str(path))
+    return path
+
+
+def test_a_tokenizer_without_endoftext_ends_documents_with_its_own_eos(tmp_path, corpus_texts):
+    """GPT-NeoX's Llama 3 post-training configs name a Llama 3 tokenizer directory: its EOS is
+    the end-of-document token, the same id the chat preprocessing ends conversations with."""
+    from megatron.data.chat_preprocess import render
+    from transformers import AutoTokenizer
+
+    instruct = llama3_shaped_dir(tmp_path / "instruct", corpus_texts, "<|eot_id|>")
+    configs = Path(__file__).parents[1] / "neox_arguments" / "data" / "gpt-neox" / "post-training"
+    args = NeoXArgs.from_ymls([configs / "llama3-8b-sft.yml"],
+                              [f"vocab_file={instruct / 'tokenizer.json'}"])
+    tok = build_tokenizer(args.tokenizer.tokenizer_type, args.tokenizer.vocab_file)
+    assert (tok.eod, tok.pad) == (4, 4)  # <|eot_id|>; no pad token: the EOS pads
+    chat = AutoTokenizer.from_pretrained(str(instruct))
+    tokens, _labels = render(
+        chat, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
+    assert tokens[-1] == tok.eod and tok.detokenize([tok.eod]) == "<|eot_id|>"
+    # without settings beside it: the first known end-of-text token of the file
+    base = llama3_shaped_dir(tmp_path / "base", corpus_texts, None)
+    assert build_tokenizer("HFTokenizer", str(base / "tokenizer.json")).eod == 1
+    # a pad token the settings name is the pad
+    (instruct / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": {"content": "<|end_of_text|>"}, "pad_token": "<|begin_of_text|>"}))
+    tok = build_tokenizer("HFTokenizer", str(instruct / "tokenizer.json"))
+    assert (tok.eod, tok.pad) == (1, 0)
 
 
 def test_pad_falls_back_to_eod(tmp_path, corpus_texts):
