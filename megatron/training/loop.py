@@ -244,11 +244,18 @@ def _nothing_to_train(args, iteration: int) -> str:
 
 def implied_position(args, iteration: int) -> tuple[int, int]:
     """(train, validation) samples consumed after `iteration` steps when a checkpoint records
-    none (one written by GPT-NeoX): GPT-NeoX's rule, one global batch per iteration and
-    eval_iters batches per completed eval_interval."""
-    gbs, t = args.derived.train_batch_size, args.training
-    evals = iteration // t.eval_interval if t.eval_interval else 0
-    return iteration * gbs, evals * t.eval_iters * gbs
+    none (one written by GPT-NeoX), as GPT-NeoX places its loaders on resuming: in batches of
+    micro-batch x data-parallel samples, the train loader starts at iteration x gradient
+    accumulation (one global batch per iteration), the validation loader at
+    (iteration x accumulation // eval_interval) x eval_iters. That is eval_iters global batches
+    per completed eval_interval when iteration is a multiple of eval_interval (or accumulation
+    is 1); otherwise GPT-NeoX's rule counts part of an evaluation not yet run, and so does this
+    (docs/gpt-neox.md)."""
+    d, t = args.derived, args.training
+    batch = d.train_micro_batch_size_per_gpu * d.data_parallel_size
+    micro_steps = iteration * d.gradient_accumulation_steps
+    evals = micro_steps // t.eval_interval * t.eval_iters if t.eval_interval else 0
+    return micro_steps * batch, evals * batch
 
 
 def check_same_data(args, resumed: dict, fingerprints: dict) -> None:

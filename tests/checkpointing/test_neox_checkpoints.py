@@ -264,6 +264,28 @@ def test_deepspeed_written_gpt_neox_checkpoint_continues_training_with_its_optim
                                    msg=name)
 
 
+@pytest.mark.parametrize("iteration", [0, 7, 50, 100, 120])
+def test_a_gpt_neox_checkpoint_resumes_its_data_where_gpt_neox_would(iteration):
+    """A GPT-NeoX checkpoint records no data position: it is where GPT-NeoX's data_utils puts
+    its loaders on resuming (batches of micro-batch x data-parallel samples), with gradient
+    accumulation 4 over 2 data-parallel ranks, where the two rules of validation differ."""
+    from megatron.training.loop import implied_position
+
+    args = NeoXArgs.from_ymls(["configs/tiny.yml"], [
+        "train_micro_batch_size_per_gpu=3", "gradient_accumulation_steps=4",
+        "train_batch_size=null", "eval_interval=50", "eval_iters=5"]).with_world_size(2)
+    assert args.derived.train_batch_size == 24
+    micro, gas, dp, eval_interval, eval_iters = 3, 4, 2, 50, 5
+    # GPT-NeoX, megatron/data/data_utils.py (build_train_valid_test_data_loaders)
+    train_start_iter = iteration * gas
+    valid_start_iter = (iteration * gas) // eval_interval * eval_iters
+    assert implied_position(args, iteration) == (train_start_iter * micro * dp,
+                                                 valid_start_iter * micro * dp)
+    # at 120: 45 batches of 6 samples, where the 2 evaluations that ran read 40
+    if iteration == 120:
+        assert implied_position(args, iteration) == (120 * 24, 45 * 6)
+
+
 def test_gpt_neox_checkpoint_fine_tunes_through_deepy_at_another_layout(small_data, paths,
                                                                        tmp_path):
     """`finetune: true` from a GPT-NeoX tensor-parallel-2 pipeline checkpoint, trained by one
