@@ -12,20 +12,40 @@ from megatron.monitoring.logger import get_logger
 log = get_logger(__name__)
 
 
+# the files post-training data keeps beside its tokens (megatron.data.chat_preprocess)
+SIDE_FILE_ENDINGS = ("_label_document", "_reward_document")
+
+
 def expand_prefixes(inputs: list[str]) -> list[str]:
-    """Dataset prefixes from prefixes or directories (every `*.idx` inside, sorted)."""
+    """Dataset prefixes from prefixes or directories (every `*.idx` inside, sorted); a
+    directory holding label or reward files beside token files is refused, since merging
+    them all would put labels among the tokens."""
     prefixes = []
     for item in inputs:
         if os.path.isdir(item):
             found = sorted(p[: -len(".idx")] for p in glob.glob(os.path.join(item, "*.idx")))
             if not found:
                 raise FileNotFoundError(f"directory {item} holds no .idx/.bin datasets")
+            side = [p for p in found if p.endswith(SIDE_FILE_ENDINGS)]
+            if side and len(side) < len(found):
+                tokens = [p for p in found if p not in side]
+                raise ValueError(
+                    f"directory {item} holds label or reward files ({_names(side)}) beside "
+                    f"token files ({_names(tokens)}): merged as one they would put labels "
+                    "among the tokens; merge each kind on its own, naming its prefixes "
+                    "(--datasets PREFIX ... --output-prefix OUT, then the label files' "
+                    "prefixes to OUT's label prefix)")
             prefixes.extend(found)
         else:
             prefixes.append(item)
     if not prefixes:
         raise ValueError("no datasets to merge: give at least one prefix or directory")
     return prefixes
+
+
+def _names(prefixes: list[str], most: int = 3) -> str:
+    names = [os.path.basename(p) for p in prefixes]
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def merge_datasets(inputs: list[str], output_prefix: str) -> MMapIndexedDataset:

@@ -45,3 +45,35 @@ def test_merge_refuses_mixed_dtypes_and_names_them(tmp_path):
     assert "different token dtypes" in proc.stderr and "uint16" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "out.idx").exists()
+
+
+def test_a_folder_is_its_datasets_in_name_order_and_gpt_neox_input_flag_names_it(tmp_path):
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    write(shards / "b_text_document", [[[7, 8]]])
+    write(shards / "a_text_document", [[[1, 2]], [[3]]])
+    proc = run("--input", str(shards), "--output-prefix", str(tmp_path / "all"))
+    assert proc.returncode == 0, proc.stderr
+    merged = MMapIndexedDataset(str(tmp_path / "all"))
+    assert [merged[i].tolist() for i in range(len(merged))] == [[1, 2], [3], [7, 8]]
+    assert "merged 2 datasets into" in proc.stderr
+
+
+def test_a_folder_with_label_files_beside_its_tokens_is_refused_naming_them(tmp_path):
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    write(sft / "train_messages_document", [[[1, 2, 3]]])
+    write(sft / "train_messages_label_document", [[[0, 2, 3]]])  # as named, not as made
+    proc = run("--datasets", str(sft), "--output-prefix", str(tmp_path / "out"))
+    assert proc.returncode == 1
+    assert (f"error: directory {sft} holds label or reward files (train_messages_label_document) "
+            "beside token files (train_messages_document): merged as one they would put labels "
+            "among the tokens; merge each kind on its own") in proc.stderr, proc.stderr
+    assert not list(tmp_path.glob("out*"))
+    # a folder of label files alone merges
+    labels = tmp_path / "labels"
+    labels.mkdir()
+    (sft / "train_messages_label_document.idx").rename(labels / "a_label_document.idx")
+    (sft / "train_messages_label_document.bin").rename(labels / "a_label_document.bin")
+    proc = run("--datasets", str(labels), "--output-prefix", str(tmp_path / "all_labels"))
+    assert proc.returncode == 0, proc.stderr

@@ -5,7 +5,9 @@ r"""Concatenate GPT-NeoX `.bin`/`.idx` token files into one dataset.
         --datasets data/a_text_document data/b_text_document --output-prefix data/ab_text_document
     python tools/datasets/merge_datasets.py --datasets data/shards/ --output-prefix data/all
 
-A directory stands for every dataset (`*.idx`) inside it, in name order.
+A directory stands for every dataset (`*.idx`) inside it, in name order; one that holds label
+or reward files beside token files is refused. `--input DIR` (GPT-NeoX's flag) is
+`--datasets DIR`.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from megatron.entry import run_entry  # noqa: E402
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--datasets", nargs="+", required=True,
-                        help="dataset prefixes (path without .bin/.idx) or directories")
+    parser.add_argument("--datasets", "--input", nargs="+", required=True,
+                        help="dataset prefixes (path without .bin/.idx) or directories "
+                             "(--input: GPT-NeoX's name, for its one directory)")
     parser.add_argument("--output-prefix", required=True, help="prefix of the merged dataset")
     args = parser.parse_args(argv)
 
