@@ -7,6 +7,7 @@ test's own). The ones that need system packages skip, saying which, where they a
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -113,19 +114,26 @@ def pdsh_missing() -> str | None:
 def test_pdsh_over_ssh_starts_one_worker_on_each_of_two_nodes(small_data, tmp_path):
     """launcher: pdsh (GPT-NeoX's default) on a hostfile of two "nodes", localhost and
     127.0.0.1: pdsh runs the node launcher on each over ssh, in this directory and Python, with
-    the exported variables; the secrets travel in the owner-only file, removed with the run."""
+    the exported variables; the secrets travel in the owner-only file, removed with the run.
+    Without master_addr the master is the first host's first address, which deepy.py asks it
+    for over ssh (`hostname -I`), as DeepSpeed's runner does."""
     reason = pdsh_missing()
     if reason:
         pytest.skip(reason)
+    addresses = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
     run = tmp_path / "run"
     secret = "fake-secret-hf-token-0123456789"  # A34: exported, never on pdsh's command line
     with local_sshd.local_sshd(tmp_path / "sshd") as ssh_env:
         proc = train_with_launcher(small_data, run, "localhost slots=1\n127.0.0.1 slots=1\n",
                                    clean_env(**ssh_env, HF_TOKEN=secret), launcher="pdsh",
-                                   num_gpus=1, master_addr="127.0.0.1",
-                                   env_file_dir=tmp_path / "shared")
+                                   num_gpus=1, env_file_dir=tmp_path / "shared",
+                                   # a machine without a network address: the loopback one
+                                   **({} if addresses else {"master_addr": "127.0.0.1"}))
     assert_trained_as_one_world_of_two(proc, run, deepspeed_runner=False)
     out = proc.stdout + proc.stderr
+    if addresses:
+        assert (f"master address {addresses[0]} (hostname -I on localhost; set master_addr to "
+                "choose)") in out, explain(proc)
     assert secret not in out and "--neox_args" not in out
     assert list((tmp_path / "shared").iterdir()) == []  # removed with the run
     assert ("pdsh -S -f 1024 -w localhost,127.0.0.1 python -m megatron.launching.node train.py; "
