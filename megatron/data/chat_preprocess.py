@@ -9,13 +9,14 @@ tools/datasets/preprocess_data_with_chat_template.py writes them.
     # data/sft/train_messages_reward_document.bin/.idx one reward per conversation (reward_key)
 
 Rendering (`render`): conversation prefixes 1..n are rendered with
-`tokenizer.apply_chat_template`, the tokens each adds belonging to its last message; a turn
-followed by one of `generation_role` is rendered with the generation prompt, which thus belongs
-to the turn before and is masked. The tokens of `generation_role`'s turns are labels (the token
-itself), all others -100 (no loss); with `only_last` only the last turn's. The EOS token is then
-appended (labelled when the last turn is), as GPT-NeoX does. `for_rm` (reward models) masks
-everything and appends two EOS tokens, the second a label: the one position a reward model
-reads. `no_mask` labels every token.
+`tokenizer.apply_chat_template`, the tokens each adds belonging to its last message; with
+`generation_role` assistant, a turn followed by an assistant turn is rendered with the generation
+prompt (a template's generation prompt opens an assistant turn), which thus belongs to the turn
+before and is masked; another role's turns keep their own header. The tokens of
+`generation_role`'s turns are labels (the token itself), all others -100 (no loss); with
+`only_last` only the last turn's. The EOS token is then appended (labelled when the last turn
+is), as GPT-NeoX does. `for_rm` (reward models) masks everything and appends two EOS tokens,
+the second a label: the one position a reward model reads. `no_mask` labels every token.
 
 Checked, naming the file and line: a conversation that is not a list of messages with a role and
 text content, one with no `generation_role` turn (nothing to learn), a template whose rendering
@@ -103,7 +104,8 @@ def render(tokenizer, messages: list, options: ChatOptions = ChatOptions(),
     labels: list[int] = []
     last = len(messages) - 1
     for i, message in enumerate(messages):
-        prompt = i < last and messages[i + 1]["role"] == options.generation_role
+        prompt = (options.generation_role == "assistant" and i < last
+                  and messages[i + 1]["role"] == "assistant")
         rendered = _template_ids(tokenizer, messages[:i + 1], prompt)
         if rendered[:len(tokens)] != tokens:
             raise ValueError(f"{where}: the chat template renders messages 1..{i + 1} into "

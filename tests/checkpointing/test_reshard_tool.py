@@ -1,12 +1,17 @@
 """tools/ckpts/reshard.py rewrites the checkpoint it is asked for, or nothing: the one `latest`
 names (or `iteration=<N>`), never an older one in place of a damaged one; never over an existing
-checkpoint; and a failed run leaves no `save` directory behind."""
+checkpoint; never without optimizer state the optimizer did not declare; and a failed run leaves
+no `save` directory behind."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shutil
+from pathlib import Path
 
 import pytest
+import torch
 
 from tests.runs import ROOT, deepy, explain, launch_in_process, tiny_overrides
 
@@ -54,6 +59,53 @@ def test_a_damaged_latest_is_refused_not_replaced_by_an_older_checkpoint(small_d
     proc = reshard(small_data, tmp_path, load, out, "iteration=2")
     assert proc.returncode == 0, explain(proc)
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["global_step2"]
+
+
+def add_undeclared_state(step_dir: Path, key: str) -> str:
+    """`key` added to the saved optimizer state of one parameter in the real files, which are
+    rewritten and recorded in the manifest as a save does (so the checkpoint still verifies);
+    the parameter's canonical name."""
+    from megatron.checkpointing.durable import write_torch
+    from megatron.checkpointing.manifest import FileEntry, read_manifest, write_manifest
+
+    index = json.loads((step_dir / "shards" / "rank_0.json").read_text())
+    assert index["optimizer"] == "torch"  # fp32, ZeRO 0: Adam's state is in the model file
+    name = index["groups"][0][0][0]  # the first parameter of the first group
+    path = step_dir / index["model_file"]
+    saved = torch.load(path, weights_only=False)  # not memory-mapped: the file is rewritten
+    state = saved["optimizer"]["state"][saved["optimizer"]["param_groups"][0]["params"][0]]
+    state[key] = torch.ones_like(state["exp_avg"])
+    record = write_torch(saved, path)
+    manifest = read_manifest(step_dir)
+    entry = manifest.files[index["model_file"]]
+    files = {**manifest.files, index["model_file"]: FileEntry(record.size, record.sha256,
+                                                              entry.rank)}
+    write_manifest(step_dir, dataclasses.replace(manifest, files=files))
+    return name
+
+
+def test_optimizer_state_the_optimizer_did_not_declare_is_refused_by_name_not_dropped(
+        trained, tmp_path):
+    """docs/checkpoints.md: resharding keeps the optimizer's per-parameter state; state the
+    optimizer did not declare (here AMSGrad's max_exp_avg_sq beside Adam's moments) is
+    refused, never dropped, and nothing is written."""
+    load = tmp_path / "ckpt"
+    shutil.copytree(trained["ckpt"], load)
+    step_dir = load / (load / "latest").read_text().strip()
+    name = add_undeclared_state(step_dir, "max_exp_avg_sq")
+    before = sorted((p.relative_to(load), p.stat().st_mtime_ns) for p in load.rglob("*"))
+    out = tmp_path / "tiny_tp2"
+    proc = launch_in_process("tools/ckpts/reshard.py", "configs/tiny.yml", *tiny_overrides(
+        trained["data"], trained["tokenizer"], tmp_path, num_gpus=2, model_parallel_size=2,
+        load=load, save=out))
+    assert proc.returncode == 1, explain(proc)
+    refusal = (f"{step_dir / 'mp_rank_00_model_states.pt'} ({name}): the optimizer state holds "
+               "max_exp_avg_sq, which the optimizer that saved it does not declare (declared: "
+               "exp_avg, exp_avg_sq); resharding would lose it. Load at the saving layout, or "
+               "declare it in the optimizer registry")
+    assert [line.split("): ", 1)[1] for line in errors(proc)] == [refusal] * 2, explain(proc)
+    assert not out.exists()  # nothing written, the save directory it created is gone
+    assert sorted((p.relative_to(load), p.stat().st_mtime_ns) for p in load.rglob("*")) == before
 
 
 def test_an_existing_checkpoint_in_save_and_a_checkpoint_as_load_are_refused_before_any_worker(

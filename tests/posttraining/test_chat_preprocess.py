@@ -50,6 +50,44 @@ def test_the_tokens_are_the_templates_rendering_and_only_assistant_turns_are_lab
     assert text(tokenizer, only_last) == "sky!<|end|>" + tokenizer.eos_token
 
 
+def labelled(tokenizer, tokens, labels) -> str:
+    assert len(labels) == len(tokens) and all(lab in (IGNORE_LABEL, t)
+                                              for t, lab in zip(tokens, labels))
+    return text(tokenizer, [t for t, lab in zip(tokens, labels) if lab != IGNORE_LABEL])
+
+
+def test_generation_role_user_labels_exactly_the_user_turns(tokenizer, tok_dir, tmp_path):
+    """--generation-role user (a user simulator): the user turns, header included, carry loss;
+    the tokens are still the template's rendering; EOS is a label only after a user turn."""
+    system = {"role": "system", "content": "answer briefly"}
+    ends_with_answer = [system, question("red"), answer("red"), question("blue"), answer("blue")]
+    ends_with_question = [question("red"), answer("red"), question("blue")]
+    data = write_jsonl(tmp_path / "chats.jsonl", [{"messages": ends_with_answer},
+                                                  {"messages": ends_with_question}])
+    out = tmp_path / "user"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--input", str(data), "--jsonl-keys",
+                           "messages", "--tokenizer-path", str(tok_dir), "--output-prefix",
+                           str(out), "--generation-role", "user"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, explain(proc)
+    tokens = MMapIndexedDataset(f"{out}_messages_document")
+    labels = MMapIndexedDataset(f"{out}_messages_label_document")
+    written = [(tokens.get(i).tolist(), labels.get(i).tolist()) for i in range(2)]
+    user = ChatOptions(generation_role="user")
+    assert written == [render(tokenizer, m, user) for m in (ends_with_answer, ends_with_question)]
+    for messages, (ids, _) in zip((ends_with_answer, ends_with_question), written):
+        assert text(tokenizer, ids) == \
+            tokenizer.apply_chat_template(messages, tokenize=False) + tokenizer.eos_token
+    assert labelled(tokenizer, *written[0]) == \
+        "<|user|>what is red?<|end|><|user|>what is blue?<|end|>"  # EOS after an answer: no
+    assert written[0][1][-1] == IGNORE_LABEL
+    assert labelled(tokenizer, *written[1]) == \
+        "<|user|>what is red?<|end|><|user|>what is blue?<|end|>" + tokenizer.eos_token
+    # the default still labels the assistant turns, and not the generation prompt before them
+    assert labelled(tokenizer, *render(tokenizer, ends_with_answer)) == \
+        "cherry!<|end|>sky!<|end|>" + tokenizer.eos_token
+
+
 def test_reward_model_and_unmasked_formats(tokenizer):
     messages = [question("red"), answer("red")]
     tokens, labels = render(tokenizer, messages, ChatOptions(for_rm=True))
