@@ -71,6 +71,11 @@ def check_eval_settings(ev) -> None:
         raise ValueError(f"eval_batch_size({ev.eval_batch_size}) must be at least 1")
     if ev.eval_limit is not None and ev.eval_limit <= 0:
         raise ValueError(f"eval_limit({ev.eval_limit}) must be positive (or null for all)")
+    if ev.eval_limit is not None and ev.eval_limit > 1 and ev.eval_limit != int(ev.eval_limit):
+        # lm-eval reads a limit of 1 or more as int(limit) documents
+        raise ValueError(f"eval_limit({ev.eval_limit}) is a count of documents per task from "
+                         f"1 up, so it must be whole (e.g. {int(ev.eval_limit)}), or a fraction "
+                         "of them below 1")
 
 
 def reads_only_local_files(entries: list[str]) -> bool:

@@ -1,18 +1,23 @@
 """eval_cache_dir: an evaluation stopped part-way and run again scores only what the first run
-did not finish, and ends with the results of a run that was never stopped."""
+did not finish, and ends with the results of a run that was never stopped; another checkpoint,
+tokenizer or model config is another cache file."""
 
 import json
+import shutil
 import sqlite3
 
 import pytest
 import torch
 
+from megatron.checkpointing.reader import read_checkpoint
+from megatron.checkpointing.weights_only import write_weights_checkpoint
 from megatron.evaluation.adapter import NeoXLM
 from megatron.evaluation.cache import ScoreCache
+from megatron.evaluation.run import score_cache
 from megatron.evaluation.tasks import task_manager_for
 from megatron.mpu.groups import NO_TP
 from megatron.neox_arguments import NeoXArgs
-from megatron.text_generation.runtime import Replicas, load_inference_model
+from megatron.text_generation.runtime import InferenceRuntime, Replicas, load_inference_model
 from megatron.tokenizer import build_tokenizer
 from tests.runs import ROOT, deepy, explain, free_port
 
@@ -208,6 +213,75 @@ def test_sampled_generations_are_kept_by_place_and_seed(model_and_tokenizer, tmp
     assert other == NeoXLM(model, tokenizer, batch_size=1, seed=8).generate_until(asked)
     assert calls[0] > 0  # the three sampled requests again; the greedy one was kept
     assert sqlite3.connect(path).execute("SELECT COUNT(*) FROM scores").fetchone()[0] == 7
+
+
+def cache_file(args) -> str:
+    """The file eval.py's key (run.score_cache) names for `args`, with the checkpoint loaded
+    as eval.py loads it."""
+    tok = args.tokenizer
+    tokenizer = build_tokenizer(tok.tokenizer_type, tok.vocab_file, tok.merge_file)
+    rt = InferenceRuntime(args, tokenizer, Replicas(), NO_TP, torch.device("cpu"))
+    rt.load_model()
+    cache = score_cache(args, rt)
+    cache.close()
+    return cache.path.name
+
+
+def test_a_moved_or_changed_checkpoint_tokenizer_or_model_config_starts_another_file(
+        trained, tmp_path):
+    """The key of eval.py's cache: the same command twice opens the same file; the checkpoint
+    re-saved at the same path and iteration with one weight changed, the tokenizer file
+    rewritten in place, a model config value changed, or the checkpoint moved each open
+    another file, so no run reads the scores of another model."""
+    ckpt, vocab, cache = tmp_path / "ckpt", tmp_path / "tokenizer.json", tmp_path / "cache"
+    shutil.copytree(trained["ckpt"], ckpt)
+    shutil.copy(trained["tokenizer"], vocab)
+
+    def args_for(*overrides: str, load=ckpt) -> NeoXArgs:
+        return NeoXArgs.from_ymls([ROOT / "configs/tiny.yml"], trained["overrides"] + [
+            "num_gpus=1", f"load={load}", f"vocab_file={vocab}", f"eval_cache_dir={cache}",
+            *overrides])
+
+    def name(*overrides: str, load=ckpt) -> str:
+        args = args_for(*overrides, load=load)
+        first = cache_file(args)
+        assert cache_file(args) == first  # nothing changed: the same file
+        return first
+
+    base = name()
+    # a model config value: the window lm-eval's requests are scored in (an architecture
+    # value, rotary_pct say, is refused by the load: the checkpoint was trained with another)
+    assert name("seq_length=32") != base
+    # the tokenizer file, same path, two ids swapped: the same text becomes other tokens
+    original = vocab.read_bytes()
+    tokenizer = json.loads(original)
+    ids = tokenizer["model"]["vocab"]
+    ids["a"], ids["b"] = ids["b"], ids["a"]
+    vocab.write_text(json.dumps(tokenizer))
+    assert name() != base
+    vocab.write_bytes(original)
+    assert name() == base  # the tokenizer back as it was: the first file again
+    # the checkpoint moved
+    ckpt.rename(tmp_path / "moved")
+    assert name(load=tmp_path / "moved") != base
+    (tmp_path / "moved").rename(ckpt)
+    # re-trained: other weights written at the same path and iteration (its manifest differs)
+    args = args_for()
+    weights = read_checkpoint(ckpt, run_args=args).canonical
+    step = ckpt / "global_step30"
+
+    def resave(canonical):
+        shutil.rmtree(step)
+        write_weights_checkpoint(ckpt, 30, canonical, args, tp=1)
+
+    resave(weights)
+    saved = name()
+    resave({**weights, "1.attention.dense.weight": weights["1.attention.dense.weight"] + 1e-3})
+    assert name() != saved
+    resave(weights)
+    assert name() == saved  # the same weights again: the same manifest, the same file
+    # base, seq_length, tokenizer, moved, re-saved, re-saved with a weight changed
+    assert len(list(cache.glob("scores-*.sqlite"))) == 6
 
 
 def test_a_launch_run_again_with_its_cache_scores_nothing_twice(trained, tmp_path):

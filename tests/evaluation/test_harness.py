@@ -178,3 +178,36 @@ def test_results_go_under_log_dir_when_no_prefix_is_given(trained, tmp_path, mon
     (path,) = (tmp_path / "logs" / "eval").glob("eval_results_*.json")
     assert json.loads(path.read_text())["checkpoint"]["iteration"] == 30
     assert set(ROOT.iterdir()) == before
+
+
+def test_an_eval_limit_below_1_scores_that_fraction_rounded_up(trained, tmp_path, monkeypatch):
+    """eval_limit 0.5 is half of each task's documents, rounded up as lm-eval rounds it
+    (evaluator_utils.get_sample_size: ceil): tiny_mc's first 3 of 5 questions and
+    tiny_rolling's first 2 of 3 texts are all the model scores, and the results file says
+    so (n-samples, and the limit as given)."""
+    from megatron.evaluation.run import run_evaluation
+
+    for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(free_port())).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(ROOT)
+    asked: dict[str, list] = {}
+    for kind in ("loglikelihood", "loglikelihood_rolling"):
+        def recorded(self, requests, _kind=kind, _score=getattr(NeoXLM, kind)):
+            asked.setdefault(_kind, []).extend(r.args for r in requests)
+            return _score(self, requests)
+
+        monkeypatch.setattr(NeoXLM, kind, recorded)
+    args = NeoXArgs.from_ymls([ROOT / "configs/tiny.yml"], trained["overrides"] + [
+        "num_gpus=1", f"eval_tasks=[{TASKS}]", "eval_bootstrap_iters=0", "eval_limit=0.5",
+        f"eval_results_prefix={tmp_path / 'r'}", f"log_dir={tmp_path / 'logs'}",
+        "distributed_timeout_minutes=1"])
+    run_evaluation(args)
+    questions = {(d["question"], " " + c) for d in docs("tiny_mc")[:3] for c in d["choices"]}
+    assert len(asked["loglikelihood"]) == 12 and set(asked["loglikelihood"]) == questions
+    assert asked["loglikelihood_rolling"] == [(d["text"],) for d in docs("tiny_rolling")[:2]]
+    (path,) = tmp_path.glob("r_eval_results_*.json")
+    written = json.loads(path.read_text())
+    assert written["n-samples"] == {"tiny_mc": {"original": 5, "effective": 3},
+                                    "tiny_rolling": {"original": 3, "effective": 2}}
+    assert written["config"]["limit"] == 0.5

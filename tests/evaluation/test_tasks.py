@@ -5,8 +5,10 @@ from pathlib import Path
 import pytest
 
 from megatron.evaluation.lm_eval_version import check_lm_eval_version, require_lm_eval
-from megatron.evaluation.tasks import (check_task_names, resolve_task_entries, task_name_of,
+from megatron.evaluation.tasks import (check_eval_settings, check_task_names,
+                                       resolve_task_entries, task_name_of,
                                        task_manager_for, unknown_tasks_message)
+from megatron.neox_arguments import NeoXArgs
 from tests.runs import ROOT
 
 TASKS = ROOT / "tests/evaluation/tasks"
@@ -150,3 +152,19 @@ def test_lmeval_log_level_shows_the_harness_info_lines(monkeypatch):
             assert harness.level == level, value
     finally:
         harness.setLevel(before)
+
+
+@pytest.mark.parametrize("limit, error", [
+    (0, "eval_limit(0) must be positive (or null for all)"),
+    (2.5, "eval_limit(2.5) is a count of documents per task from 1 up, so it must be whole "
+          "(e.g. 2), or a fraction of them below 1"),
+])
+def test_an_eval_limit_lm_eval_would_not_take_as_given_is_refused(limit, error):
+    """lm-eval takes int(limit) documents from 1 up, so 2.5 would quietly be 2."""
+    args = NeoXArgs.from_ymls([ROOT / "configs/tiny.yml"],
+                              ["eval_tasks=[tiny_mc]", f"eval_limit={limit}"])
+    with pytest.raises(ValueError) as err:
+        check_eval_settings(args.eval)
+    assert str(err.value) == error
+    for fine in (0.5, 1, 3, 3.0):
+        check_eval_settings(args.replace(eval_limit=fine).eval)

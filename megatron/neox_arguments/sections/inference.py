@@ -74,7 +74,8 @@ class EvalArgs:
         8, "Sequences scored together in one forward pass by each model replica."
     )
     eval_limit: int | float | None = option(
-        None, "Documents per task (below 1: that fraction of them); null runs all. For smoke tests."
+        None, "Documents per task, a whole number (below 1: that fraction of them, rounded up); "
+        "null runs all. For smoke tests."
     )
     eval_cache_dir: str | None = option(
         None, "eval.py: keep the scores of finished log-likelihood requests and the texts of "
