@@ -51,7 +51,8 @@ the data-parallel degree and b the bytes of the run's dtype (fp32 4, bf16/fp16 2
                        micro-batches in flight (1F1B), stage k min(pp - k, gas).
 - backward working set  one layer's activations again: the gradients its backward allocates.
 - reference model    DPO / KTO, on the last stage: the whole model's weights on the tensor rank
-                     in the dtype, and the fp32 logits of its forward pass.
+                     (its own experts under expert parallelism) in the dtype, and the fp32
+                     logits of its forward pass.
 - logits and loss    on the last stage: s*b*V/tp logits in the dtype, kept for the backward,
                      and their gradient in the dtype (2 * dtype bytes per logit; 4 more where
                      the LM head's products run in fp32 on a CPU); the blocked
@@ -197,7 +198,8 @@ def _stage_estimate(args, config, layout: Layout, device: str, params: int, bloc
     terms += [("activations", in_flight * act.stored(blocks)),
               ("backward working set", act.layer if blocks else 0),
               ("logits and loss", act.logits if last else 0),
-              ("reference model", reference_bytes(args, config, layout.tp) if last else 0),
+              ("reference model", reference_bytes(args, config, layout.tp, layout.ep) if last
+               else 0),
               ("framework", framework_bytes(args, device))]
     return MemoryEstimate(tuple(terms), params, layout, stage, act.note)
 
@@ -225,9 +227,10 @@ def zero_bucket_bytes(args, layout: Layout, device: str, params: int) -> int:
     return count * elements * (4 if accumulates_fp32 else DTYPE_BYTES[precision])
 
 
-def reference_bytes(args, config, tp: int) -> int:
+def reference_bytes(args, config, tp: int, ep: int = 1) -> int:
     """DPO / KTO's frozen reference model on the last stage: the whole model's weights on a
-    tensor-parallel rank, in the run's dtype, and the logits of its forward pass."""
+    tensor-parallel rank (its own experts only, under expert parallelism), in the run's dtype,
+    and the logits of its forward pass."""
     t = args.training
     from megatron.neox_arguments.validate_post_training import needs_reference
 
@@ -237,7 +240,7 @@ def reference_bytes(args, config, tp: int) -> int:
 
     b = DTYPE_BYTES[args.derived.precision]
     rows = rows_per_sample(args) * args.derived.train_micro_batch_size_per_gpu
-    return (params_per_rank(config, tp)[0] * b
+    return (params_per_rank(config, tp, ep=ep)[0] * b
             + rows * config.seq_length * (config.padded_vocab_size // tp) * 4)
 
 

@@ -262,6 +262,170 @@ def test_blocked_cpu_attention_adds_the_probabilities_it_keeps():
     assert with_dropout > native  # the math kernel's fp32 [s, s] scores
 
 
+# the shipped post-training configs on configs/tiny.yml; tiny_sft.yml is a plain (normal) run
+POST_TRAINING = {impl: ["configs/tiny.yml", f"configs/post-training/tiny_{name}.yml"]
+                 for impl, name in (("normal", "sft"), ("dpo", "dpo"), ("kto", "kto"),
+                                    ("rm", "rm"))}
+
+
+def pair_batch(pairs: int, s: int, vocab: int) -> dict:
+    """A loader batch of `pairs` chosen/rejected pairs (dataset_impl pairwise), one document
+    a row, the first half of each row prompt (label -100)."""
+    gen = torch.Generator().manual_seed(0)
+    batch = {}
+    for side in ("pos", "neg"):
+        tokens = torch.randint(0, vocab, (pairs, s + 1), generator=gen)
+        label = tokens.clone()
+        label[:, : s // 2] = -100
+        batch.update({side: tokens, f"{side}_label": label,
+                      f"{side}_segment": torch.zeros_like(tokens)})
+    return batch
+
+
+def frozen_copies(args, config, tp: int = 1, ep: int = 1) -> list:
+    """The reference model train.py builds on every tensor (and expert) rank: the run's model
+    read from the full weights, with this rank's shard, in the run's dtype, frozen
+    (megatron/training/reference.py)."""
+    from megatron.model.partition import canonical_from_module
+    from megatron.mpu.groups import ExpertParallel
+    from megatron.training.reference import ReferenceModel, _build_model
+
+    full = canonical_from_module(GPTModel(config, TensorParallel()).state_dict())
+    views = [TensorParallel(rank=r, size=tp, ep=ExpertParallel(rank=q, size=ep))
+             for r in range(tp) for q in range(ep)]
+    return [ReferenceModel(_build_model(args, config, view, full), view, {}) for view in views]
+
+
+def held_bytes(module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def vocab_columns(module) -> int:
+    """The logits one position gets on this rank: the rows of the model's LM head."""
+    from megatron.model.gpt import LMHead
+
+    return next(m for m in module.modules() if isinstance(m, LMHead)).weight.shape[0]
+
+
+REFERENCE_LAYOUTS = {  # name: overrides of configs/post-training/tiny_dpo.yml, SMALL shape
+    "tp1 fp32": ["num_gpus=1"],
+    "tp1 bf16": ["num_gpus=1", "bf16={enabled: true}"],
+    "tp2": ["num_gpus=2", "model_parallel_size=2"],
+    "pp2": ["num_gpus=2", "pipe_parallel_size=2"],  # the last stage holds the whole reference
+    "ep2 experts": ["configs/tiny_moe.yml", "num_gpus=2", "moe_expert_parallel_size=2",
+                    "num_kv_heads=4", "train_batch_size=32"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE_LAYOUTS))
+def test_dpo_reference_term_is_the_frozen_copy_train_py_builds(name):
+    """docs/posttraining.md: the estimate counts DPO's reference model: on every rank, the
+    bytes of the frozen model train.py builds there (its tensor shard and, under expert
+    parallelism, its own experts, in the run's dtype; whole on the last pipeline stage), plus
+    the fp32 logits of its forward pass over the micro-batch's chosen and rejected rows."""
+    from megatron.training.objectives import build_objective
+    from megatron.training.objectives.common import BatchOptions
+
+    args = load([*POST_TRAINING["dpo"], *REFERENCE_LAYOUTS[name]])
+    tp, ep = args.parallelism.model_parallel_size, args.parallelism.moe_expert_parallel_size
+    config = model_config_from_args(args, 1024)
+    est = training_estimate(args, 1024)
+    copies = frozen_copies(args, config, tp, ep)
+    model = copies[0].model
+    assert len({held_bytes(c.model) for c in copies}) == 1  # every rank holds the same amount
+    mb = args.derived.train_micro_batch_size_per_gpu
+    inputs, targets = build_objective(args).prepare(pair_batch(mb, 32, 1000), BatchOptions(0))
+    rows, s = inputs[0].shape
+    assert (rows, s) == (2 * mb, 32)  # chosen rows, then rejected rows
+    logits = rows * s * vocab_columns(model) * 4
+    assert est.term("reference model") == held_bytes(model) + logits > 0
+    if tp == ep == 1:  # the forward the reference runs on every micro-batch
+        assert model(*inputs).shape == (rows, s, vocab_columns(model))
+        _, filled = copies[0].fill(build_objective(args), inputs, targets)
+        assert filled[3].shape == (rows, s) and filled[3].abs().sum() > 0
+    if name == "pp2":  # the last stage holds half the layers, and the whole reference
+        assert est.stage == 1 and est.params < sum(p.numel() for p in model.parameters())
+
+
+def test_only_dpo_and_kto_hold_a_reference_model():
+    """KTO compares with a reference too, one row per sample: half DPO's logits for the same
+    weights. A plain run, a reward model (pairs, no reference) and reference-free DPO hold
+    none, as their objectives ask for none (train.py builds a reference exactly when
+    `needs_reference`)."""
+    from megatron.training.objectives import build_objective
+
+    def reference(impl, *extra):
+        args = load(POST_TRAINING[impl], *extra)
+        return build_objective(args).needs_reference, training_estimate(args, 1024).term(
+            "reference model")
+
+    dpo_args = load(POST_TRAINING["dpo"])
+    weights = held_bytes(frozen_copies(dpo_args, model_config_from_args(dpo_args, 1024))[0].model)
+    dpo, kto = reference("dpo"), reference("kto")
+    assert dpo[0] and kto[0]
+    assert kto[1] - weights == (dpo[1] - weights) // 2 == 8 * 32 * 1024 * 4
+    for impl, extra in (("normal", []), ("rm", []), ("dpo", ["dpo_reference_free=true"])):
+        assert reference(impl, *extra) == (False, 0), (impl, extra)
+
+
+@pytest.mark.parametrize("impl", ["dpo", "rm"])
+def test_pairs_put_twice_the_micro_batch_through_the_model(impl):
+    """A micro-batch of b pairs is 2b rows through the model (the objective's own batch): its
+    activations, backward working set and logits are those of a plain run at micro-batch 2b,
+    twice those at b; a reward model's value head keeps one fp32 value per position of every
+    row, its gradient and the loss's. KTO (no pairs) keeps a plain run's."""
+    from megatron.training.objectives import build_objective
+    from megatron.training.objectives.common import BatchOptions
+
+    def estimate(which, mb):
+        return training_estimate(load(POST_TRAINING[which], f"train_micro_batch_size_per_gpu={mb}",
+                                      f"train_batch_size={2 * mb}"), 1024)
+
+    pairs, plain, doubled = estimate(impl, 4), estimate("normal", 4), estimate("normal", 8)
+    args = load(POST_TRAINING[impl], "train_micro_batch_size_per_gpu=4", "train_batch_size=8")
+    inputs, _ = build_objective(args).prepare(pair_batch(4, 32, 1000), BatchOptions(0))
+    assert tuple(inputs[0].shape) == (8, 32)
+    per_row = ["activations", "backward working set"]
+    for term in per_row + (["logits and loss"] if impl == "dpo" else []):
+        assert pairs.term(term) == doubled.term(term) == 2 * plain.term(term) > 0, term
+    if impl == "rm":
+        config = model_config_from_args(args, 1024)
+        values = GPTModel(config, TensorParallel())(*inputs)
+        assert pairs.term("logits and loss") == 3 * values.numel() * 4 and values.shape == (8, 32)
+    kto = estimate("kto", 4)
+    assert [kto.term(t) for t in per_row] == [plain.term(t) for t in per_row]
+
+
+def test_dpo_estimate_shows_its_reference_model_before_launch(caplog, capsys):
+    """What deepy.py logs before the workers start, and what tools/memory_estimate.py prints,
+    for the shipped DPO config: the reference model as its own term, the frozen model's bytes
+    and its fp32 logits (16 rows of 64 positions of 8192 columns); a plain run shows none."""
+    import importlib.util
+
+    from megatron.training.memory_estimate import gib
+
+    dpo = NeoXArgs.from_ymls(POST_TRAINING["dpo"], ["num_gpus=1"])
+    expected = (held_bytes(frozen_copies(dpo, model_config_from_args(dpo, 8192))[0].model)
+                + 16 * 64 * 8192 * 4)
+    with caplog.at_level(logging.INFO, logger="megatron"):
+        check_memory(dpo, "train.py", 8192, 1, "cpu", (1024 * GIB, "a stated figure"))
+        check_memory(NeoXArgs.from_ymls(POST_TRAINING["normal"], ["num_gpus=1"]), "train.py",
+                     8192, 1, "cpu", (1024 * GIB, "a stated figure"))
+    dpo_line, plain_line = [r.getMessage() for r in caplog.records
+                            if r.getMessage().startswith("memory estimate for train.py")]
+    assert f", reference model {gib(expected)}" in dpo_line, dpo_line
+    assert "reference model" not in plain_line, plain_line
+    spec = importlib.util.spec_from_file_location("memory_estimate",
+                                                  ROOT / "tools/memory_estimate.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.main([*POST_TRAINING["dpo"], "--vocab-size", "8192", "--device", "cpu",
+                      "num_gpus=1"]) in (0, 1)
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split() for line in out if line.startswith("  reference model ")] == [
+        ["reference", "model", f"{expected / GIB:.3f}", "GiB"]], out
+
+
 def test_generation_needs_weights_and_the_kv_cache_of_a29():
     args = load(["configs/tiny.yml"], "generation_batch_size=3")
     est = inference_estimate(args, 1024, tp=1, device="cpu", dtype_bytes=4)
@@ -379,7 +543,15 @@ MEASURED = {  # name: overrides on configs/tiny.yml (27.3M parameters, sequences
     # configs/tiny_mamba.yml's layer pattern twice: 6 Mamba layers (chunked scan), 2 attention
     "fp32 ZeRO 0 mamba": ["attention_config=[[[mamba, mamba, global, mamba], 2]]",
                           "mamba_selective_scan_fusion=true"],
+    # configs/post-training/tiny_dpo.yml, 2 pairs a micro-batch: the others' 4 rows of 256
+    # tokens through the model, plus the frozen reference model, read as train.py reads it from
+    # the checkpoint the run starts from (STARTS_FROM_A_CHECKPOINT)
+    "fp32 ZeRO 0 dpo": ["configs/post-training/tiny_dpo.yml", "data_path=null",
+                        "train_micro_batch_size_per_gpu=2", "train_batch_size=2"],
 }
+# cases whose run fine-tunes a checkpoint of the same model, written first by the worker's
+# `save` mode (about 10 s more than a case without)
+STARTS_FROM_A_CHECKPOINT = {"fp32 ZeRO 0 dpo"}
 
 
 @pytest.mark.parametrize("name", sorted(MEASURED))
@@ -393,19 +565,32 @@ def test_estimate_is_within_tolerance_of_measured_peak_rss(name, small_data, tmp
     growth, the rest being freed memory the heap keeps between differently sized tensors. With
     other processes busy on the cores the peak moves more (how the threads' allocations fall
     into glibc's arenas): the ZeRO 1 checkpointed peak from 1.46 to 1.93 GiB, the estimate 0.89
-    to 1.19 of it, the model terms 0.57 of the growth at the highest; the bounds allow that."""
+    to 1.19 of it, the model terms 0.57 of the growth at the highest; the bounds allow that.
+    DPO (2 pairs, its reference model 112 MiB, read from a checkpoint) peaked 72 to 131 MiB
+    above the plain run at 1385 to 1450 MiB: the estimate 1.15 to 1.20 of the peak, the model
+    terms 0.75 to 0.80 of the growth."""
     prefix, tokenizer = small_data
     argv = ["configs/tiny.yml", f"data_path={prefix}", f"vocab_file={tokenizer}", "num_gpus=1",
             "hidden_size=512", "num_layers=8", "num_attention_heads=8", "seq_length=256",
             "max_position_embeddings=256", "train_micro_batch_size_per_gpu=4",
-            "train_batch_size=4", f"save={tmp_path}", "load=null", f"master_port={free_port()}",
-            *MEASURED[name]]
-    proc = subprocess.run([sys.executable, "-m", "tests.training.memory_worker", "3", *argv],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=clean_env(OMP_NUM_THREADS="2"))
+            "train_batch_size=4", f"save={tmp_path / 'run'}", "load=null"]
+
+    def worker(mode: str, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tests.training.memory_worker", mode, *argv,
+                               f"master_port={free_port()}", *extra], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600,
+                              env=clean_env(OMP_NUM_THREADS="2"))
+
+    start = []
+    if name in STARTS_FROM_A_CHECKPOINT:
+        saved = worker("save", f"save={tmp_path / 'start'}", "no_save_optim=true")
+        assert saved.returncode == 0, explain(saved)
+        start = [f"load={tmp_path / 'start'}"]  # fine-tuned (finetune: true), the reference
+    proc = worker("3", *MEASURED[name], *start)
     assert proc.returncode == 0, explain(proc)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["params"] == result["estimate_params"]
+    assert result["reference"] == (result["terms"]["reference model"] > 0), result
     total = sum(result["terms"].values())
     assert 0.80 * result["peak"] <= total <= 1.35 * result["peak"], (name, total, result)
     estimate = total - result["terms"]["framework"]
