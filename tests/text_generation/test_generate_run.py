@@ -1,5 +1,6 @@
 """generate.py on a trained checkpoint: the three modes in process (one rank), the errors a user
-sees, and real launches with model_parallel_size 1 and 2 that must give the same samples."""
+sees, and real launches (2 replicas; model_parallel_size 2; pipe_parallel_size 2 folded into
+replicas) that must give the samples of one process."""
 
 import io
 import json
@@ -101,21 +102,29 @@ def test_bad_input_ends_generate_py_with_one_line(trained, tmp_path, one_rank, c
     assert re.search(message, errors[0]), errors[0]
 
 
-def test_tensor_parallel_launch_gives_the_samples_of_one_process(trained, tmp_path, one_rank):
-    """The checkpoint (saved with model_parallel_size 1) resharded for 2 tensor-parallel ranks
-    started by the launcher; sampled with temperature, so every logit matters."""
+@pytest.mark.parametrize("layout, said", [
+    ("model_parallel_size=2", ["for model_parallel_size 2"]),
+    ("pipe_parallel_size=2", ["pipe_parallel_size 2 is folded into replicas for inference: "
+                              "every tensor-parallel group holds all layers",
+                              "inference on 2 rank(s): model_parallel_size 1, 2 replica(s)"]),
+], ids=["tensor", "pipeline"])
+def test_a_parallel_launch_gives_the_samples_of_one_process(trained, tmp_path, one_rank,
+                                                            layout, said):
+    """2 processes started by the launcher on the checkpoint saved by one: resharded for 2
+    tensor-parallel ranks, or with 2 pipeline stages folded into 2 replicas that split the
+    prompts (and so batch and pad them differently). Sampled with temperature, so every logit
+    matters."""
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("The history of\nIn the year\nA\nShe said\n")
     settings = dict(text_gen_type="input-file", sample_input_file=str(prompts),
                     maximum_tokens=16, temperature=0.8, top_k=40, generation_batch_size=3)
     one = run_generation(make_args(trained, tmp_path, **settings))
-    out = tmp_path / "tp2.jsonl"
-    proc = deepy("generate.py", *CONFIGS, *trained["overrides"], "num_gpus=2",
-                 "model_parallel_size=2", f"sample_output_file={out}",
-                 *[f"{k}={v}" for k, v in settings.items()], f"master_port={free_port()}",
-                 "distributed_timeout_minutes=1")
+    out = tmp_path / "parallel.jsonl"
+    proc = deepy("generate.py", *CONFIGS, *trained["overrides"], "num_gpus=2", layout,
+                 f"sample_output_file={out}", *[f"{k}={v}" for k, v in settings.items()],
+                 f"master_port={free_port()}", "distributed_timeout_minutes=1")
     assert proc.returncode == 0, explain(proc)
-    assert "for model_parallel_size 2" in proc.stderr
+    assert all(line in proc.stderr for line in said), explain(proc)
     assert [r["token_ids"] for r in read_jsonl(out)] == [r["token_ids"] for r in one]
     assert len(one) == 4 and any(r["length"] > 1 for r in one)
 
