@@ -7,9 +7,10 @@ saying on every live rank what it was doing, its stack, and which ranks stopped 
 
 Watched phases and their limits (training section of the config):
 
-- "train step", "eval step": max(hang_timeout_minutes, hang_step_factor x the median train step
-  so far). The first train step after start-up includes warm-up and may also take
-  hang_timeout_checkpoint_minutes.
+- "train step", "eval step", "stop check" (the all-reduce after each step that agrees on a stop
+  signal: a peer stopped just after the step's last collective leaves this rank waiting there):
+  max(hang_timeout_minutes, hang_step_factor x the median train step so far). The first train
+  step after start-up includes warm-up and may also take hang_timeout_checkpoint_minutes.
 - "checkpoint save", "checkpoint load": hang_timeout_checkpoint_minutes (0 or null: not watched).
 
 Start-up before the first phase and the loop's work between phases are not watched. A
@@ -54,7 +55,7 @@ from megatron.safety.heartbeat import FINISHED, PeerReport, last_beats, read_bea
 log = get_logger(__name__)
 
 EXIT_CODE = TIMED_OUT
-STEP_PHASES = ("train step", "eval step")
+STEP_PHASES = ("train step", "eval step", "stop check")
 CHECKPOINT_PHASES = ("checkpoint save", "checkpoint load")
 STEP_WINDOW = 100  # train steps the median is taken over
 

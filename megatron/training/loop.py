@@ -373,7 +373,8 @@ def _train_steps(args, engine, state: RunState, train_iter, valid_iter, train_lo
         if t.exit_interval and state.iteration % t.exit_interval == 0:
             print_rank_0(f"exiting at iteration {state.iteration} (exit_interval={t.exit_interval})")
             break
-        signum = stops.agreed()
+        with watchdog.phase("stop check", state.iteration):
+            signum = stops.agreed()
         if signum:
             _stop_on_signal(args, engine, state, guard, datasets, signum, saved_at)
     return saved_at

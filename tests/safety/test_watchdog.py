@@ -35,6 +35,7 @@ def test_limits_follow_the_config():
     assert limits.of("train step", None) == 3600  # first step: warm-up may take the long limit
     assert limits.of("train step", 2.0) == 600  # 20 x 2 s is under the 10-minute floor
     assert limits.of("eval step", 60.0) == 1200  # 20 x the median train step
+    assert limits.of("stop check", 60.0) == 1200  # the all-reduce after each step, alike
     assert limits.of("checkpoint save", 60.0) == limits.of("checkpoint load", None) == 3600
     no_checkpoint = Limits.from_training(training(checkpoint=0))
     assert no_checkpoint.of("checkpoint save", 1.0) is None
