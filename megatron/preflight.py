@@ -14,6 +14,8 @@ directories this process can write in, or can be created (paths.check_writable; 
 would fail on them, at the first checkpoint for `save`).
 
 For train.py, generate.py, eval.py and tools/ckpts/reshard.py, the tokenizer's files load. For
+train.py, `save` holds no checkpoints the run does not go on from (load unset or another
+directory: they would be replaced; checkpointing.locate.check_save_holds_no_other_run). For
 train.py and reshard.py, no live run holds the save directory (megatron.safety.lock); for
 reshard.py, `load` and `save` are set and differ and `load` holds a checkpoint. For
 generate.py, the input file holds prompts (input-file mode) and the prompts plus maximum_tokens
@@ -71,6 +73,9 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
         from megatron.checkpointing.fine_tune import resume_fine_tune
 
         args = resume_fine_tune(args)  # a fine-tune run again resumes from its own checkpoint
+        from megatron.checkpointing.locate import check_save_holds_no_other_run
+
+        check_save_holds_no_other_run(args.checkpoint)
         _check_training_inputs(args)
         _check_tasks_in_training(args)
     for key, directory in _output_directories(args, name):

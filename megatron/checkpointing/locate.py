@@ -155,6 +155,28 @@ def check_save_directory(load: Path) -> None:
                                                   else ""))
 
 
+def check_save_holds_no_other_run(ck) -> None:
+    """train.py: refuse a `save` directory holding checkpoints this run does not go on from
+    (`load` unset, or another directory): its checkpoints would replace them iteration for
+    iteration and move `latest` back. A fine-tune's `save` is judged by
+    fine_tune.resume_fine_tune."""
+    if not ck.save or ck.finetune:
+        return
+    save = Path(ck.save)
+    saved = saved_iterations(save)
+    if not saved or (ck.load and Path(ck.load).resolve() == save.resolve()):
+        return
+    tags = [tag_for(i) for i in saved]
+    listing = ", ".join(tags if len(tags) <= 3 else [tags[0], "...", *tags[-2:]])
+    latest = read_latest(save)
+    held = f"{listing}" + (f"; latest {latest}" if latest else "")
+    source = "load is not set" if not ck.load else f"load is {ck.load}"
+    raise ValueError(f"save {ck.save} already holds checkpoints ({held}) that this run does "
+                     f"not go on from ({source}): its checkpoints would replace them and move "
+                     f"latest. Set load={ck.save} to go on from them, or give save an empty "
+                     "directory")
+
+
 def _one_checkpoint(path: Path) -> bool:
     """Whether `path` is a checkpoint (a global_step<N> directory, or one with a manifest)
     rather than a save directory holding them."""

@@ -75,6 +75,32 @@ def test_a_fine_tune_into_a_save_directory_of_something_else_is_refused(trained,
         preflight(in_place, "train.py")
 
 
+def test_a_run_that_would_replace_another_runs_checkpoints_is_refused(trained, tmp_path):
+    """A fresh run (load unset, or load mistyped or elsewhere) into a save directory holding
+    checkpoints would replace them iteration for iteration and move `latest` back: deepy.py
+    refuses it, naming them; with load = save the run goes on from them."""
+    import shutil
+
+    from megatron.preflight import preflight
+
+    save = tmp_path / "other"
+    shutil.copytree(trained["ckpt"], save)
+    args = NeoXArgs.from_ymls([ROOT / "configs/tiny.yml"], trained["overrides"] + [
+        "num_gpus=1", f"save={save}", f"log_dir={tmp_path / 'logs'}", "train_iters=40",
+        "override_lr_scheduler=true"])
+    tags = ", ".join(sorted(p.name for p in save.iterdir() if p.name.startswith("global_step")))
+    for load, said in ((None, "load is not set"), (tmp_path / "typo", f"load is {tmp_path}/typo"),
+                       (trained["ckpt"], f"load is {trained['ckpt']}")):
+        with pytest.raises(ValueError) as err:
+            preflight(args.replace(load=None if load is None else str(load)), "train.py")
+        assert str(err.value) == (
+            f"save {save} already holds checkpoints ({tags}; latest global_step30) that this "
+            f"run does not go on from ({said}): its checkpoints would replace them and move "
+            f"latest. Set load={save} to go on from them, or give save an empty directory")
+    preflight(args.replace(load=str(save)), "train.py")  # going on from them
+    preflight(args.replace(load=None, save=str(tmp_path / "new")), "train.py")  # empty
+
+
 def test_resuming_at_another_seq_length_says_the_data_order_changes(trained, tmp_path, caplog):
     """Allowed, as in GPT-NeoX (context extension), with one warning from deepy.py."""
     import logging
