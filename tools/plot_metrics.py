@@ -22,7 +22,8 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("log_dirs", nargs="+", help="run log directories (each with metrics.jsonl)")
+    parser.add_argument("log_dirs", nargs="+",
+                        help="run log directories (each with metrics.jsonl), or those files")
     parser.add_argument("--out", default=None, help="output directory (default: <first log_dir>/plots)")
     parser.add_argument("--x", choices=("iteration", "tokens"), default=None,
                         help="one x axis only (default: both; tokens skipped when unknown)")
@@ -42,7 +43,7 @@ def main(argv=None) -> int:
         if args.x is None and reason:
             x_axes = ("iteration",)
             print(f"no tokens plot: {reason}", file=sys.stderr)
-        paths = plot_runs(runs, args.out or os.path.join(args.log_dirs[0], "plots"), x_axes)
+        paths = plot_runs(runs, args.out or os.path.join(runs[0].log_dir, "plots"), x_axes)
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -93,8 +93,11 @@ def saved_seq_length(log_dir: Path) -> int | None:
 
 def load_run(log_dir: str | Path, name: str | None = None,
              seq_length: int | None = None) -> Run:
-    """The run logged in `log_dir`; an explicit `seq_length` is used as given."""
+    """The run logged in `log_dir` (or the metrics file given in its place); an explicit
+    `seq_length` is used as given."""
     log_dir = Path(log_dir)
+    if log_dir.is_file() and log_dir.name == METRICS_FILE:
+        log_dir = log_dir.parent
     train, valid, test = read_records(log_dir / METRICS_FILE)
     return Run(name or log_dir.resolve().name, log_dir, train, valid, test,
                seq_length if seq_length is not None else saved_seq_length(log_dir))

@@ -291,9 +291,15 @@ def _typed(key: str, value: Any, source: str) -> Any:
     try:
         value = coerce(value, FIELD_TYPES[key])
     except TypeMismatch as e:
+        hint = ""
+        if isinstance(value, int) and not isinstance(value, bool) and "str" in e.expected:
+            hint = (" Quote it if it is text: YAML reads unquoted digits as a number, and digits "
+                    "with colons as base 60 (98:2 is 5882)"
+                    + ("; split takes comma-separated proportions, e.g. 98,2" if key == "split"
+                       else "") + ".")
         raise ConfigError(
             f"'{key}' in {source} must be {e.expected}, but it is {show(value)} "
-            f"({type(value).__name__})."
+            f"({type(value).__name__}).{hint}"
         ) from None
     if key == "optimizer":
         value = _normalise_optimizer(value)

@@ -82,12 +82,27 @@ class HFTokenizer(TokenizersBackend):
         try:
             tokenizer = Tokenizer.from_file(path)
         except Exception as err:  # tokenizers raises its own Exception subclass
+            if _is_token_map(path):
+                raise ValueError(
+                    f"HFTokenizer: {path} is a map of tokens to ids (GPT-2's vocab.json), not a "
+                    "tokenizers tokenizer.json: use tokenizer_type GPT2BPETokenizer with its "
+                    "merges.txt as merge_file, or the model's tokenizer.json") from None
             raise ValueError(f"HFTokenizer: cannot load {path} as a tokenizers JSON file: "
                              f"{err}") from err
         beside = special_tokens_beside(path)
         super().__init__("HFTokenizer", tokenizer, path,
                          (EOD_TOKEN, beside.get("eos_token"), *EOD_FALLBACKS),
                          (PAD_TOKEN, beside.get("pad_token")))
+
+
+def _is_token_map(path: str) -> bool:
+    """Whether `path` holds a JSON object of token -> id, as GPT-2's vocab.json does."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (isinstance(data, dict) and bool(data) and "model" not in data
+            and all(isinstance(v, int) for v in list(data.values())[:100]))
 
 
 def special_tokens_beside(path: str) -> dict[str, str]:

@@ -258,3 +258,26 @@ def test_a_run_continued_past_its_train_iters_has_validation_samples_for_every_e
     assert sample_counts(args(42), 30, 2 * batch).valid == 3 * batch  # 2 read + 1 at 42
     assert sample_counts(args(48), 42, 3 * batch).valid == 5 * batch  # 3 read + 45 and 48
     assert sample_counts(args(48), 48, 5 * batch).valid == 6 * batch  # finished: one more
+
+
+def test_a_list_of_data_path_prefixes_is_taken_from_yaml_and_each_is_checked(small_data,
+                                                                           tmp_path):
+    """docs/data.md: `data_path` may be a list of prefixes; deepy.py opens each, naming the
+    key of one that is missing."""
+    import shutil
+
+    from megatron.neox_arguments import NeoXArgs
+    from megatron.preflight import preflight
+    from tests.runs import ROOT
+
+    prefix, tokenizer = small_data
+    for ext in (".bin", ".idx"):
+        shutil.copy(prefix + ext, tmp_path / f"copy{ext}")
+    config = tmp_path / "data.yml"
+    config.write_text(f"data_path: [{prefix}, {tmp_path / 'copy'}]\nvocab_file: {tokenizer}\n"
+                      f"save: {tmp_path / 'run'}\nload: {tmp_path / 'run'}\nnum_gpus: 1\n")
+    args = NeoXArgs.from_ymls([ROOT / "configs/tiny.yml", config])
+    assert args.data.data_path == [prefix, str(tmp_path / "copy")]
+    preflight(args, "train.py")
+    with pytest.raises(FileNotFoundError, match=f"^data_path: .*{tmp_path / 'missing'}"):
+        preflight(args.replace(data_path=[prefix, str(tmp_path / "missing")]), "train.py")

@@ -17,6 +17,10 @@ BASE_YML = "".join(f"{k}: {v}\n" for k, v in BASE.items())
 
 # (file text, the same as an override, the message after the origin ({} is the origin))
 CASES = [
+    ("split: 98:2", "split=98:2",
+     "'split' in {} must be str, but it is 5882 (int). Quote it if it is text: YAML reads "
+     "unquoted digits as a number, and digits with colons as base 60 (98:2 is 5882); split "
+     "takes comma-separated proportions, e.g. 98,2."),
     ("train_iters: lots", "train_iters=lots",
      "'train_iters' in {} must be int or null, but it is \"lots\" (str)."),
     ("no_weight_tying: maybe", "no_weight_tying=maybe",

@@ -150,6 +150,16 @@ def test_hf_gpt2_tokenizer_adds_a_padding_token(gpt2_files, tmp_path):
     assert tok.max_token_id == tok.pad
 
 
+def test_a_gpt2_vocab_json_given_as_a_tokenizer_json_is_named_for_what_it_is(gpt2_files):
+    vocab, _merges = gpt2_files
+    with pytest.raises(ValueError) as err:
+        build_tokenizer("HFTokenizer", vocab)
+    assert str(err.value) == (
+        f"HFTokenizer: {vocab} is a map of tokens to ids (GPT-2's vocab.json), not a tokenizers "
+        "tokenizer.json: use tokenizer_type GPT2BPETokenizer with its merges.txt as merge_file, "
+        "or the model's tokenizer.json")
+
+
 def test_gpt2_needs_both_files(gpt2_files, tmp_path):
     vocab, _ = gpt2_files
     with pytest.raises(ValueError, match="needs a merge file"):

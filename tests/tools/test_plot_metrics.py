@@ -60,6 +60,9 @@ def test_one_run_plotted_against_iterations_and_tokens(run_dir, capsys):
     for name in ("metrics_iteration.png", "metrics_tokens.png"):
         assert f"wrote {plots / name}" in out
         assert_picture(plots / name)
+    # the metrics file itself stands for its log_dir
+    assert plot_tool().main([str(run_dir / "logs" / "metrics.jsonl")]) == 0
+    assert f"wrote {plots / 'metrics_iteration.png'}" in capsys.readouterr().out
 
 
 @pytest.mark.slow  # shares a real training run (~1 min)

@@ -11,8 +11,9 @@ from ..fields import option
 class DataArgs:
     """Where training data lives, how it is split, blended and masked."""
 
-    data_path: str | None = option(
-        None, "Prefix of one tokenized dataset (.bin/.idx) split into train/valid/test by `split`."
+    data_path: str | list[str] | None = option(
+        None, "Prefix of one tokenized dataset (.bin/.idx) split into train/valid/test by `split`; "
+        "a list of prefixes: each split blends its part of each, in proportion to their tokens."
     )
     train_data_paths: list[str] | None = option(
         None, "Dataset prefixes to blend for training (instead of data_path)."
