@@ -125,6 +125,12 @@ def check_split_sizes(*, data_path, train_data_paths, valid_data_paths, test_dat
         [train_data_weights, valid_data_weights, test_data_weights], split,
         weight_by_num_documents, open_prefix, options.side_files, warn=False)
     for name, n, (parts, weights) in zip(SPLIT_NAMES, train_valid_test_num_samples, per_split):
+        if name == "train" and n and not sum(len(p.documents) for p in parts):
+            given = (f"data_path {data_path} with split {split!r}" if data_path
+                     else f"train_data_paths {train_data_paths}")
+            raise ValueError(f"the train split holds no documents ({given}), but training "
+                             f"needs {n} samples: give it data (its data paths, or a split "
+                             "whose first proportion is not 0)")
         if n == 0 or not parts or options.pack_impl != "packed":
             continue
         if not weight_by_num_documents:  # parts weighted 0 are not read

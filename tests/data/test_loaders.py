@@ -281,3 +281,22 @@ def test_a_list_of_data_path_prefixes_is_taken_from_yaml_and_each_is_checked(sma
     preflight(args, "train.py")
     with pytest.raises(FileNotFoundError, match=f"^data_path: .*{tmp_path / 'missing'}"):
         preflight(args.replace(data_path=[prefix, str(tmp_path / "missing")]), "train.py")
+
+
+def test_a_train_split_without_documents_is_refused_before_any_worker(small_data, tmp_path):
+    """split 0,100,0 (or an empty dataset) leaves training nothing: one line from deepy.py, not
+    a DeepSpeed traceback from every worker."""
+    from megatron.neox_arguments import NeoXArgs
+    from megatron.preflight import preflight
+    from tests.runs import ROOT
+
+    prefix, tokenizer = small_data
+    args = NeoXArgs.from_ymls([ROOT / "configs/tiny.yml"], [
+        f"data_path={prefix}", f"vocab_file={tokenizer}", "split=0,100,0", "num_gpus=1",
+        f"save={tmp_path / 'run'}", f"load={tmp_path / 'run'}"])
+    with pytest.raises(ValueError) as err:
+        preflight(args, "train.py")
+    assert str(err.value) == (
+        f"the train split holds no documents (data_path {prefix} with split '0,100,0'), but "
+        f"training needs {args.training.train_iters * args.derived.train_batch_size} samples: "
+        "give it data (its data paths, or a split whose first proportion is not 0)")
