@@ -193,6 +193,29 @@ def _check_inference_checkpoint(args, script: str) -> None:
         raise ValueError(reward_model_refusal(
             step_dir, "generation" if script == "generate.py" else "evaluation"))
     _check_shape(args, manifest.run, step_dir)
+    _check_tokenizer_type(args, step_dir)
+
+
+def _check_tokenizer_type(args, step_dir: Path) -> None:
+    """The checkpoint's own config.yml, where it has one, names this run's tokenizer type: ids
+    of another tokenizer are other text to the model, which then writes nonsense."""
+    from megatron.checkpointing.layout import CONFIG_NAME
+    from megatron.neox_arguments.load import read_yml
+
+    saved = step_dir / CONFIG_NAME
+    if not saved.is_file():
+        return
+    try:
+        trained = read_yml(saved).get("tokenizer_type")
+    except (OSError, ValueError):
+        return  # the workers' load names a damaged file
+    tok = args.tokenizer
+    if trained and str(trained).lower() != str(tok.tokenizer_type).lower():
+        raise ValueError(
+            f"checkpoint {step_dir} was trained with tokenizer_type {trained} (its config.yml), "
+            f"but this run's is {tok.tokenizer_type}: the model reads ids of its own tokenizer "
+            f"as other text. Use its tokenizer (tokenizer_type {trained}, vocab_file as in "
+            f"{saved})")
 
 
 def _tokenizer(args):

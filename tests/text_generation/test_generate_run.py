@@ -183,3 +183,20 @@ def test_sigterm_to_deepy_keeps_the_samples_generated_so_far(trained, tmp_path, 
                                      sample_output_file=str(tmp_path / "first.jsonl"),
                                      **settings))
     assert [r["token_ids"] for r in written[:len(first)]] == [r["token_ids"] for r in first]
+
+
+def test_a_tokenizer_other_than_the_checkpoints_is_refused_before_any_worker(trained, tmp_path):
+    """The checkpoint's config.yml names its tokenizer type: generating from it with another
+    (whose ids are other text to the model) is refused by deepy.py in one line."""
+    from megatron.preflight import preflight
+
+    args = make_args(trained, tmp_path, tokenizer_type="CharLevelTokenizer")
+    step_dir = trained["ckpt"] / "global_step30"
+    with pytest.raises(ValueError) as err:
+        preflight(args, "generate.py")
+    assert str(err.value) == (
+        f"checkpoint {step_dir} was trained with tokenizer_type HFTokenizer (its config.yml), "
+        "but this run's is CharLevelTokenizer: the model reads ids of its own tokenizer as "
+        f"other text. Use its tokenizer (tokenizer_type HFTokenizer, vocab_file as in "
+        f"{step_dir / 'config.yml'})")
+    preflight(make_args(trained, tmp_path), "generate.py")
