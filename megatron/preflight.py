@@ -173,6 +173,10 @@ def _check_inference_inputs(args, script: str, tokenizer) -> None:
     check_eval_settings(args.eval)
     require_lm_eval()
     check_task_names(*resolve_task_entries(args.eval.eval_tasks, args.eval.eval_include_path))
+    if not args.launcher.hostfile:  # with a hostfile the workers read their own nodes' files
+        from megatron.evaluation.tasks import check_local_data_files
+
+        check_local_data_files(args.eval.eval_tasks)
 
 
 def _check_inference_checkpoint(args, script: str) -> None:

@@ -112,6 +112,7 @@ def score_cache(args, rt):
 
 def evaluate_tasks(lm, names, manager, ev, seed: int) -> dict | None:
     """lm-eval's simple_evaluate of `names` with the config's few-shot, limit and seeds."""
+    from jinja2.exceptions import UndefinedError
     from lm_eval.evaluator import simple_evaluate
 
     try:
@@ -121,6 +122,10 @@ def evaluate_tasks(lm, names, manager, ev, seed: int) -> dict | None:
             random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed)
     except ConnectionError as err:  # a registry task's dataset could not be downloaded
         raise RuntimeError(fetch_failure(err, os.environ)) from None
+    except UndefinedError as err:  # a template names a field the documents do not have
+        raise ValueError(f"a task's template could not be filled from its documents ({err}); "
+                         f"check doc_to_text, doc_to_target and doc_to_choice of the tasks "
+                         f"{', '.join(names)} against the fields of their data") from None
 
 
 def _report(args, results: dict, iteration: int | None) -> None:

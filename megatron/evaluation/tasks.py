@@ -82,15 +82,9 @@ def reads_only_local_files(entries: list[str]) -> bool:
     """Whether every task in `entries` is a task YAML given by path (a file, or a directory of
     them) that reads local files (dataset_path json, csv, ...): then lm-eval needs nothing from
     the Hugging Face Hub. A task named (registry, eval_include_path) may need it."""
-    files: list[Path] = []
-    for entry in entries:
-        path = Path(entry)
-        if entry.endswith((".yaml", ".yml")) and path.is_file():
-            files.append(path)
-        elif path.is_dir():
-            files += sorted(path.glob("**/*.yaml"))
-        else:
-            return False
+    files, all_paths = _task_yaml_files(entries)
+    if not all_paths:
+        return False
     for path in files:
         try:
             doc = yaml.load(path.read_text(encoding="utf-8"), Loader=TaskYamlLoader)
@@ -104,6 +98,48 @@ def reads_only_local_files(entries: list[str]) -> bool:
         if "://" in json.dumps(data_files, default=str):  # https://, hf://: not local files
             return False
     return bool(files)
+
+
+def _task_yaml_files(entries: list[str]) -> tuple[list[Path], bool]:
+    """(the task YAML files `entries` give by path, a directory standing for every YAML in it;
+    whether every entry is such a path)."""
+    files: list[Path] = []
+    all_paths = True
+    for entry in entries:
+        path = Path(entry)
+        if entry.endswith((".yaml", ".yml")) and path.is_file():
+            files.append(path)
+        elif path.is_dir():
+            files += sorted(path.glob("**/*.yaml"))
+        else:
+            all_paths = False
+    return files, all_paths
+
+
+def check_local_data_files(entries: list[str]) -> None:
+    """deepy.py: the local files (dataset_kwargs.data_files, relative to the working directory,
+    as the datasets library reads them) of every task YAML eval_tasks gives by path exist, so
+    that a missing one is named with its task before any worker loads the model."""
+    for path in _task_yaml_files(entries)[0]:
+        try:
+            doc = yaml.load(path.read_text(encoding="utf-8"), Loader=TaskYamlLoader)
+        except (OSError, yaml.YAMLError):
+            continue  # lm-eval names a file it cannot read
+        if not isinstance(doc, dict) or doc.get("dataset_path") not in LOCAL_FILE_BUILDERS:
+            continue
+        kwargs = doc.get("dataset_kwargs")
+        data_files = kwargs.get("data_files") if isinstance(kwargs, dict) else None
+        listed = (data_files.items() if isinstance(data_files, dict)
+                  else [(None, data_files)] if data_files else [])
+        for split, names in listed:
+            for name in [names] if isinstance(names, str) else names or []:
+                if isinstance(name, str) and "://" not in name and "*" not in name \
+                        and not Path(name).exists():
+                    key = "data_files" + (f".{split}" if split is not None else "")
+                    raise FileNotFoundError(
+                        f"task {doc.get('task', path.stem)} ({path}): dataset_kwargs.{key} "
+                        f"{name} does not exist (a relative path is read from the working "
+                        f"directory, {os.getcwd()})")
 
 
 def resolve_task_entries(entries: list[str], include_paths: list[str] | None

@@ -211,3 +211,28 @@ def test_an_eval_limit_below_1_scores_that_fraction_rounded_up(trained, tmp_path
     assert written["n-samples"] == {"tiny_mc": {"original": 5, "effective": 3},
                                     "tiny_rolling": {"original": 3, "effective": 2}}
     assert written["config"]["limit"] == 0.5
+
+
+def test_a_task_template_naming_a_field_the_documents_lack_ends_in_one_line(trained, tmp_path,
+                                                                           monkeypatch):
+    """A local task whose doc_to_text names a field its documents do not have: one error
+    naming the field and the keys to check, not jinja's traceback from every rank."""
+    from megatron.evaluation.run import run_evaluation
+
+    for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(free_port())).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(ROOT)
+    task = tmp_path / "typo_mc.yaml"
+    task.write_text((TASKS / "tiny_mc.yaml").read_text().replace(
+        "task: tiny_mc", "task: typo_mc").replace("{{question}}", "{{questoin}}"))
+    args = NeoXArgs.from_ymls([ROOT / "configs/tiny.yml"], trained["overrides"] + [
+        "num_gpus=1", f"eval_tasks=[{task}]", "eval_bootstrap_iters=0",
+        f"eval_results_prefix={tmp_path / 'r'}", f"log_dir={tmp_path / 'logs'}",
+        "distributed_timeout_minutes=1"])
+    with pytest.raises(ValueError) as err:
+        run_evaluation(args)
+    assert str(err.value) == (
+        "a task's template could not be filled from its documents ('questoin' is undefined); "
+        "check doc_to_text, doc_to_target and doc_to_choice of the tasks typo_mc against the "
+        "fields of their data")

@@ -168,3 +168,19 @@ def test_an_eval_limit_lm_eval_would_not_take_as_given_is_refused(limit, error):
     assert str(err.value) == error
     for fine in (0.5, 1, 3, 3.0):
         check_eval_settings(args.replace(eval_limit=fine).eval)
+
+
+def test_a_local_tasks_missing_data_file_is_named_with_its_task(tmp_path, monkeypatch):
+    from megatron.evaluation.tasks import check_local_data_files
+
+    monkeypatch.chdir(ROOT)  # the shipped tasks' data_files are relative to the repository
+    check_local_data_files([str(TASKS / "tiny_mc.yaml"), str(TASKS)])
+    task = tmp_path / "my_mc.yaml"
+    task.write_text((TASKS / "tiny_mc.yaml").read_text().replace(
+        "task: tiny_mc", "task: my_mc").replace("tiny_mc.jsonl", "my_mc_missing.jsonl"))
+    with pytest.raises(FileNotFoundError) as err:
+        check_local_data_files([str(task)])
+    assert str(err.value) == (
+        f"task my_mc ({task}): dataset_kwargs.data_files.test "
+        "tests/evaluation/tasks/my_mc_missing.jsonl does not exist (a relative path is read "
+        f"from the working directory, {ROOT})")
