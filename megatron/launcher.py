@@ -363,8 +363,10 @@ def launch(script: str, argv: list[str]) -> int:
                          f"run: python deepy.py train.py {script} [more.yml] [key=value ...] "
                          "(or generate.py, eval.py)")
     if not Path(script).is_file():
-        raise FileNotFoundError(f"script {script} does not exist; usage: python deepy.py "
-                                "train.py configs/a.yml [configs/b.yml] [key=value ...]")
+        where = "" if os.path.isabs(script) else f" in {os.getcwd()}"
+        raise FileNotFoundError(f"script {script} does not exist{where}; usage: python deepy.py "
+                                "train.py configs/a.yml [configs/b.yml] [key=value ...], run from "
+                                "the repository root")
     if any(a in ("-h", "--help") for a in argv):
         print(script_help(script))
         return 0

@@ -90,8 +90,10 @@ def read_yml(path: str | os.PathLike) -> dict[str, Any]:
     """The top-level mapping of one config file; `ConfigError` naming the file (and line)."""
     path = os.fspath(path)
     if not os.path.exists(path):
+        hint = (" It reads as a key=value override, which this command does not take: put it "
+                "in a YAML file and pass that" if "=" in os.path.basename(path) else "")
         raise ConfigFileNotFoundError(
-            f"Config file not found: {path} (relative paths start at {os.getcwd()})."
+            f"Config file not found: {path} (relative paths start at {os.getcwd()}).{hint}"
         )
     if os.path.isdir(path):
         raise ConfigError(f"Config path {path} is a directory; give a .yml file.")

@@ -137,7 +137,7 @@ def check_memory(args, script: str, padded_vocab: int, workers_here: int,
         return est
     free, source = available or available_per_worker(device, workers_here)
     if est.total > free:
-        message = refusal(est, free, source, workers_here)
+        message = refusal(est, free, source, workers_here, shared=device == "cpu")
         if mode == "warn":
             log.warning("%s", message)
         else:
@@ -145,13 +145,19 @@ def check_memory(args, script: str, padded_vocab: int, workers_here: int,
     return est
 
 
-def refusal(est: MemoryEstimate, free: int, source: str, workers: int) -> str:
+def refusal(est: MemoryEstimate, free: int, source: str, workers: int,
+            shared: bool = False) -> str:
+    """The refusal's line; `shared`: the workers share the machine's memory (CPU), so fewer of
+    them have more each."""
     name, _ = est.biggest()
     advice = ADVICE.get(name, "use a machine with more memory")
     if name in ZERO_SPLITS and est.layout.dp == 1:
         advice = (f"ZeRO splits it over data-parallel ranks and this run has one, so add "
                   f"workers (num_gpus) with ZeRO stage >= {ZERO_SPLITS[name]}, or split the "
                   "model with model_parallel_size / pipe_parallel_size")
+    elif shared and workers > 1:
+        advice += (f"; or start fewer than {workers} workers (num_gpus): they share this "
+                   "machine's memory")
     return (f"the model needs {est.summary()} but this machine has {gib(free)} available for "
             f"{workers} worker(s) ({source}); the biggest term is {name}: {advice}; or set "
             "memory_check: warn (or false) to start anyway (A30)")

@@ -142,7 +142,7 @@ def test_workers_started_with_only_mpirun_variables_join(small_data, tmp_path):
     (["train.py", "configs/tiny.yml", "num_layers=four"], "num_layers"),
     (["train.py", "configs/tiny.yml", "num_gpus=3", "pipe_parallel_size=2"], "pipe_parallel_size(2)"),
     (["train.py", "configs/tiny.yml", "hostfile=/nonexistent/hostfile"], "hostfile /nonexistent/hostfile"),
-    (["nope.py", "configs/tiny.yml"], "script nope.py does not exist"),
+    (["nope.py", "configs/tiny.yml"], f"script nope.py does not exist in {ROOT}; usage: "),
     (["train.py", "configs/tiny.yml", "no_ssh=true", "node_rank=1"],
      "no_ssh and node_rank set without a hostfile"),
     (["train.py", "configs/tiny.yml", "num_gpus=1", "data_path=/nonexistent/corpus"],

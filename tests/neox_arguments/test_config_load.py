@@ -176,6 +176,12 @@ def test_missing_file_names_the_path():
     with pytest.raises(ConfigFileNotFoundError, match="Config file not found: nope/missing.yml") as e:
         NeoXArgs.from_ymls(["nope/missing.yml"])
     assert isinstance(e.value, FileNotFoundError) and isinstance(e.value, ConfigError)
+    # a tool that takes config files only, given an override (convert_hf_to_neox --config_file)
+    with pytest.raises(ConfigFileNotFoundError) as e:
+        NeoXArgs.from_ymls(["num_layers=2"])
+    assert str(e.value).endswith(
+        "It reads as a key=value override, which this command does not take: put it in a YAML "
+        "file and pass that")
 
 
 def test_non_mapping_file_and_bad_override(write):

@@ -447,6 +447,8 @@ def test_memory_check_refuses_warns_or_skips(caplog):
     assert text.startswith("the model needs ~") and "per worker (" in text
     assert "but this machine has 0.01 GiB available for 2 worker(s) (a stated figure)" in text
     assert "the biggest term is activations: set checkpoint_activations: true" in text
+    # on CPU the workers share the machine's memory: fewer have more each
+    assert "; or start fewer than 2 workers (num_gpus): they share this machine's memory" in text
     with caplog.at_level(logging.WARNING, logger="megatron"):
         check_memory(load(["configs/tiny.yml"], *big, "memory_check=warn"), "train.py", 1024, 2,
                      "cpu", available)
