@@ -62,7 +62,12 @@ def load_checkpoint(engine, ck, advice: str = NO_VALID_ADVICE, resharding: bool 
     if not candidates:
         if ck.finetune:  # deepy.py refused it before the workers started
             raise no_fine_tune_source(root)
-        log.info("no checkpoint in %s: starting from iteration 0", root)
+        if not root.exists() and ck.save and Path(ck.save).resolve() != root.resolve():
+            # not the first run of load = save: a path given to go on from, mistyped or moved
+            log.warning("load %s does not exist (save is %s): starting from iteration 0; fix "
+                        "load if this run should go on from a checkpoint", root, ck.save)
+        else:
+            log.info("no checkpoint in %s: starting from iteration 0", root)
         return {}
     rejected: list[tuple[str, list[str]]] = []
     for tag in candidates:

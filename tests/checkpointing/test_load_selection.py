@@ -75,6 +75,13 @@ def test_a_load_directory_without_checkpoints_starts_fresh(tmp_path, caplog):
         assert load_checkpoint(ENGINE, args.checkpoint) == {}
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
     assert f"no checkpoint in {tmp_path / 'none'}: starting from iteration 0" in caplog.text
+    # a load that does not exist, apart from save: mistyped or moved, said as a warning
+    caplog.clear()
+    with caplog.at_level("INFO", logger="megatron"):
+        assert load_checkpoint(ENGINE, args.replace(save=str(tmp_path / "out")).checkpoint) == {}
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"load {tmp_path / 'none'} does not exist (save is {tmp_path / 'out'}): starting from "
+        "iteration 0; fix load if this run should go on from a checkpoint"]
 
 
 @pytest.mark.parametrize("exists", [False, True])
