@@ -386,6 +386,13 @@ def run_once(args, script: str) -> int:
     """Check, plan and run one launch of every worker; the launcher's exit status."""
     from megatron.preflight import preflight
 
+    if Path(script).name == "train.py":
+        from megatron.training.finished import finished_run
+
+        done = finished_run(args)  # a finished run's command run again: no worker is started
+        if done:
+            print(done, flush=True)
+            return 0
     plan = plan_launch(args, script)
     # checked at the world the plan starts (its data-parallel degree), on this machine's workers
     preflight(args.with_world_size(plan.world_size), script,

@@ -44,7 +44,8 @@ from megatron.safety import watchdog
 from megatron.safety.guard import StepGuard, TrainingStopped, weights_finite
 from megatron.safety.lock import run_lock
 from megatron.safety.signals import Preempted, StopSignals
-from megatron.training.run_summary import RunSummary, ended_at
+from megatron.training.finished import ended_at, nothing_to_train
+from megatron.training.run_summary import RunSummary
 
 log = get_logger(__name__)
 
@@ -162,7 +163,7 @@ def _pretrain(args) -> RunState:
     check_ranks_agree(state)
     if resumed and state.iteration >= args.training.train_iters:
         if _agreed(lambda: ended_at(args.logging.log_dir, state.iteration)):
-            print_rank_0(_nothing_to_train(args, state.iteration))
+            print_rank_0(nothing_to_train(args, state.iteration))
             return state
         print_rank_0(f"the checkpoint in {args.checkpoint.load} is at iteration "
                      f"{state.iteration}, train_iters {args.training.train_iters}, but its run's "
@@ -229,17 +230,6 @@ def _agreed(decide):
     if problem:
         raise ValueError(problem)
     return value
-
-
-def _nothing_to_train(args, iteration: int) -> str:
-    """The line of a run whose checkpoint has reached train_iters (a finished run's command run
-    again): it ends at once, writing nothing, where GPT-NeoX would evaluate and save again."""
-    t = args.training.train_iters
-    where = "at" if iteration == t else "past"
-    return (f"nothing to train: the checkpoint in {args.checkpoint.load} is at iteration "
-            f"{iteration}, {where} train_iters ({t}); nothing was evaluated or written. Raise "
-            "train_iters (with override_lr_scheduler or use_checkpoint_lr_scheduler) to train "
-            "further")
 
 
 def implied_position(args, iteration: int) -> tuple[int, int]:

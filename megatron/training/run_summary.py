@@ -14,22 +14,8 @@ import time
 from pathlib import Path
 
 from megatron.monitoring.logger import print_rank_0
+from megatron.training.finished import SUMMARY_FILE
 from megatron.training.train_log import clock
-
-
-SUMMARY_FILE = "run_summary.json"
-
-
-def ended_at(log_dir: str | None, iteration: int) -> bool:
-    """Whether `log_dir`'s run summary is of a run that ended at `iteration`: its last
-    evaluations and the summary itself were done (they follow the last checkpoint)."""
-    if not log_dir:
-        return False
-    try:
-        figures = json.loads((Path(log_dir) / SUMMARY_FILE).read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(figures, dict) and figures.get("end_iteration") == iteration
 
 
 class RunSummary:

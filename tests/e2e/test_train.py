@@ -331,6 +331,7 @@ def test_the_command_of_a_finished_run_run_again_writes_nothing(trained, tmp_pat
     proc = again()
     assert (f"nothing to train: the checkpoint in {run / 'ckpt'} is at iteration 30, at "
             "train_iters (30); nothing was evaluated or written") in proc.stdout
+    assert "launching" not in proc.stdout + proc.stderr  # decided by deepy.py, from the files
     assert "validation at iteration" not in proc.stdout
     assert files() == before  # no checkpoint file touched, no metrics, no run summary
 
