@@ -13,6 +13,7 @@ import os
 import re
 import socket
 import sys
+import traceback
 from typing import Callable
 
 from megatron.launching.local import name_cpu_accelerator
@@ -182,7 +183,12 @@ def run_entry(main: Callable[[], int | None]) -> int:
         return stop.exit_status
     except USER_ERRORS as err:
         if os.environ.get("NEOX_TRACEBACK") == "1":
-            raise
+            # the whole traceback, then the same exit as without it: an exception left to the
+            # interpreter ends a worker through its teardown, where a live process group can
+            # abort the process (SIGABRT, status 134) instead of exit 1
+            traceback.print_exc()
+            sys.stderr.flush()
+            return getattr(err, "exit_status", 1)
         rank = os.environ.get("RANK")
         prefix = (f"error (rank {rank} on {socket.gethostname()}): " if rank is not None
                   else "error: ")
