@@ -166,6 +166,17 @@ def test_secrets_and_the_config_are_hidden_in_relayed_output():
         "--export=ALL,HF_TOKEN=<hidden> token <hidden>; offline mode")
 
 
+def test_an_exported_path_is_hidden_where_assigned_only():
+    """HF_HOME=/scratch/me/hf: the paths a run prints under it stay readable; a token in the same
+    export, and a value that starts like a path but holds spaces, are hidden everywhere."""
+    r = Redactor({"HF_HOME": "/scratch/me/hf", "HF_TOKEN": "hf_0123456789",
+                  "ODD": "/not a path but a phrase"})
+    line = ("export HF_HOME=/scratch/me/hf; loading /scratch/me/hf/hub/model with hf_0123456789 "
+            "said /not a path but a phrase")
+    assert r.clean(line) == ("export HF_HOME=<hidden>; loading /scratch/me/hf/hub/model with "
+                             "<hidden> said <hidden>")
+
+
 def test_the_env_file_is_private_and_sets_the_workers_variables(tmp_path):
     path = write_env_file({"HF_TOKEN": "x=y;z", "WANDB_API_KEY": "k"}, str(tmp_path / "sub"))
     assert os.stat(path).st_mode & 0o077 == 0 and os.stat(tmp_path / "sub").st_mode & 0o077 == 0

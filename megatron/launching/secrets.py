@@ -33,6 +33,7 @@ DEFAULT_ENV_FILE_DIR = "~/.cache/neox"
 STARTUP_VARS = ("PYTHONPATH", "LD_LIBRARY_PATH", "LD_PRELOAD")
 HIDDEN, CONFIG = "<hidden>", "<config>"
 MIN_BARE_VALUE = 8  # shorter values are hidden only where assigned (K=V), not everywhere
+PATH_STARTS = ("/", "~/", "./", "../")  # a value naming a file or folder is not a credential
 
 
 def secret_values(exported: dict[str, str]) -> dict[str, str]:
@@ -75,11 +76,17 @@ def load_env_file(environ: MutableMapping[str, str]) -> list[str]:
 
 
 class Redactor:
-    """Hides secret values (K=<hidden>) and the encoded config (<config>) in printed text."""
+    """Hides secret values (K=<hidden>) and the encoded config (<config>) in printed text.
+
+    Every exported value is hidden where it is assigned (`K=V`, `-genv K V`). Where it appears
+    on its own, a value of MIN_BARE_VALUE characters or more is hidden too, except a path
+    (`HF_HOME=/scratch/me/hf`: the paths the run prints under it stay readable; a credential
+    is not a path, and a credentials file's path is not the secret)."""
 
     def __init__(self, secrets: dict[str, str], hidden_blobs: Iterable[str] = ()):
         self.blobs = [b for b in hidden_blobs if b]
-        self.values = sorted({v for v in secrets.values() if len(v) >= MIN_BARE_VALUE},
+        self.values = sorted({v for v in secrets.values()
+                              if len(v) >= MIN_BARE_VALUE and not _is_path(v)},
                              key=len, reverse=True)
         names = "|".join(re.escape(k) for k in secrets)
         # K=V, K="V", and `-genv K V` (Intel MPI's form)
@@ -94,3 +101,8 @@ class Redactor:
         if self.assigned is not None:
             text = self.assigned.sub(lambda m: m.group(1) + HIDDEN, text)
         return text
+
+
+def _is_path(value: str) -> bool:
+    """A file or folder name: absolute, in the home folder or relative, without spaces."""
+    return value.startswith(PATH_STARTS) and not any(c.isspace() for c in value)
