@@ -30,6 +30,11 @@ Everything is built in a temporary directory and removed at the end. Three parts
    Target: under 5 s for 1e9 tokens.
 3. Loader. `build_data_loader` over a GPT2Dataset of a real token file of `--loader-tokens`
    random tokens, seq_length 2048, with num_workers 0 and 2; samples/s after the first batch.
+4. Token ids (A12). The check that a token file's ids fit the vocabulary, on a file of
+   `--check-tokens` random tokens: opening it (its content fingerprint), reading the whole
+   `.bin` for its largest id (what every start of every worker did before the id was kept),
+   and the check with the id kept in a cache folder (`megatron.data.token_ids`), first with
+   the folder empty, then as a later start finds it.
 """
 
 from __future__ import annotations
@@ -69,9 +74,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--loader-batches", type=int, default=200,
                         help="micro-batches timed per loader run")
     parser.add_argument("--micro-batch", type=int, default=8, help="loader micro-batch size")
+    parser.add_argument("--check-tokens", type=float, default=5e8,
+                        help="tokens in the token-id check's token file")
     parser.add_argument("--repeats", type=int, default=2, help="best of N runs per timing")
     parser.add_argument("--tmpdir", default=None, help="where to build the data")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["preprocess", "index", "loader"])
+    parser.add_argument("--skip", nargs="*", default=[],
+                        choices=["preprocess", "index", "loader", "token-ids"])
     return parser.parse_args(argv)
 
 
@@ -315,6 +323,29 @@ def bench_loader(args, tmp: str) -> list[str]:
     return lines
 
 
+# -- 4. token ids -----------------------------------------------------------------------------
+def bench_token_ids(args, tmp: str) -> list[str]:
+    from megatron.data.indexed_dataset import MMapIndexedDataset
+    from megatron.data.token_ids import check_token_ids
+
+    prefix, cache = os.path.join(tmp, "checked"), os.path.join(tmp, "token-id-cache")
+    write_token_file(prefix, int(args.check_tokens))
+    opened, dataset = best_of(args.repeats, lambda: MMapIndexedDataset(prefix))
+    scan, top = best_of(args.repeats, dataset.max_token_id)
+    start = time.perf_counter()
+    check_token_ids(dataset, top + 1, cache)
+    first = time.perf_counter() - start
+    kept, _ = best_of(args.repeats, lambda: check_token_ids(MMapIndexedDataset(prefix), top + 1,
+                                                            cache))
+    size = os.path.getsize(prefix + ".bin")
+    return [f"token ids: a .bin of {args.check_tokens:.0e} uint16 tokens ({size / 2**30:.2f} GiB)",
+            f"  {'open (fingerprint)':<40}{opened:8.3f} s",
+            f"  {'read for the largest id':<40}{scan:8.3f} s ({size / scan / 2**30:.1f} GiB/s; "
+            "each worker's every start before)",
+            f"  {'check, cache empty (read, keep)':<40}{first:8.3f} s",
+            f"  {'check as a later start (open, kept id)':<40}{kept:8.3f} s"]
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     print(f"bench/data.py: {os.cpu_count()} CPUs, load average "
@@ -322,7 +353,8 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-data-", dir=args.tmpdir) as tmp:
         for part, run in (("preprocess", lambda: bench_preprocess(args, tmp)),
                           ("index", lambda: bench_index(args)),
-                          ("loader", lambda: bench_loader(args, tmp))):
+                          ("loader", lambda: bench_loader(args, tmp)),
+                          ("token-ids", lambda: bench_token_ids(args, tmp))):
             if part not in args.skip:
                 print("\n".join(run()), flush=True)
     print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())} "

@@ -24,7 +24,9 @@ valid, lm-eval is installed (A28) and the task files and directories in eval_tas
 define tasks (registry names are looked up by the workers), and where the workers will read
 datasets offline, the local cache holds every task's Hub dataset (for train.py's eval_tasks
 too; task_data.check_offline_data). For train.py, every data
-prefix has its `.bin`/`.idx` pair with a readable header (named with its config key), label,
+prefix has its `.bin`/`.idx` pair with a readable header (named with its config key) and only
+token ids the tokenizer has (A12; the largest id is kept in data_cache_dir, where the workers
+find it: megatron.data.token_ids), label,
 reward and rejected-response files belong with their token files (megatron.data.aligned), DPO
 and KTO have a model to start from and compare with, a reward model starts from a language model
 only as a fine-tune, and fp16 is asked for only where a local launch has CUDA
@@ -41,7 +43,9 @@ For a run that loads a checkpoint:
   the workers build the model with that size);
 - the learning-rate schedule (train.py, a checkpoint a training engine wrote): a schedule that
   differs from the checkpoint's needs override_lr_scheduler or use_checkpoint_lr_scheduler, as
-  in GPT-NeoX (training.learning_rates.check_resumable; the workers apply the same rule).
+  in GPT-NeoX (training.learning_rates.check_resumable; the workers apply the same rule);
+- the data (train.py): each token file at a path the checkpoint's fingerprints name has the
+  content it had (A17; the workers also compare moved, added and dropped files).
 Each check reads only the manifest and config.yml of the checkpoint the run would load first.
 """
 
@@ -76,7 +80,7 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
         from megatron.checkpointing.locate import check_save_holds_no_other_run
 
         check_save_holds_no_other_run(args.checkpoint)
-        _check_training_inputs(args)
+        opened = _check_training_inputs(args)
         _check_tasks_in_training(args)
     for key, directory in _output_directories(args, name):
         check_writable(key, directory)
@@ -103,6 +107,8 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
     from megatron.safety.lock import check_free
 
     check_free(args.checkpoint.save)  # another live run writes there
+    if name == "train.py":
+        _check_token_ids(args, opened, tokenizer)
     ck = args.checkpoint
     if not ck.load:
         if ck.finetune and name == "train.py":
@@ -136,6 +142,7 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
         _check_schedule(args, step_dir)
     if name == "train.py":
         _note_sequence_change(args, step_dir)
+        _check_same_data(args, opened, manifest.client_state)
 
 
 def _check_shape(args, saved: dict, step_dir: Path) -> None:
@@ -293,14 +300,17 @@ def _output_directories(args, script: str) -> list[tuple[str, str]]:
     return found
 
 
-def _check_training_inputs(args) -> None:
+def _check_training_inputs(args) -> dict:
+    """{prefix: MMapIndexedDataset} of every token file the config names, each opened (A16),
+    after the checks that need no tokenizer."""
     from megatron.data.indexed_dataset import MMapIndexedDataset
 
+    opened = {}
     for key in DATA_KEYS:
         value = getattr(args.data, key)
         for prefix in ([value] if isinstance(value, str) else value or []):
             try:
-                MMapIndexedDataset(prefix)
+                opened.setdefault(prefix, MMapIndexedDataset(prefix))
             except (FileNotFoundError, ValueError) as err:
                 raise type(err)(f"{key}: {err}") from None
     _check_split_sizes(args)
@@ -310,6 +320,33 @@ def _check_training_inputs(args) -> None:
                                 cuda_available())
     _check_side_files(args)
     _check_post_training_start(args)
+    return opened
+
+
+def _check_token_ids(args, opened: dict, tokenizer) -> None:
+    """A12 before the workers: every token file's ids fit the tokenizer's vocabulary, as the
+    workers check it; the largest id each holds is kept in data_cache_dir, where they read it."""
+    from megatron.data.token_ids import check_token_ids
+
+    for dataset in opened.values():
+        check_token_ids(dataset, tokenizer.vocab_size, args.data.data_cache_dir)
+
+
+def _check_same_data(args, opened: dict, client_state: dict) -> None:
+    """A17 before the workers: the token files the checkpoint to resume was trained on have the
+    content they had then, for each one this config names at the same path (the workers also
+    pair moved files and name added or dropped ones)."""
+    if args.checkpoint.allow_data_change:
+        return  # the workers warn, naming the differences
+    from megatron.data.fingerprints import changed_data_error, compare_fingerprints
+
+    recorded = client_state.get("data_fingerprints")
+    if not isinstance(recorded, dict):
+        return  # none recorded (a GPT-NeoX checkpoint): nothing to compare
+    saved = {p: f for p, f in recorded.items() if p in opened}
+    differences = compare_fingerprints(saved, {p: opened[p].opened_fingerprint for p in saved})
+    if differences:
+        raise changed_data_error(args.checkpoint.load, differences)
 
 
 def _check_split_sizes(args) -> None:

@@ -118,6 +118,13 @@ def compare_fingerprints(saved: Mapping[str, dict] | Iterable[dict],
     return problems
 
 
+def changed_data_error(load: str, differences: list[str]) -> RuntimeError:
+    """The refusal of a resume on data that differs from the checkpoint's (A17)."""
+    return RuntimeError(f"the training data differs from the data checkpoint {load} was trained "
+                        f"on: {'; '.join(differences)}. Restore those files, or set "
+                        "allow_data_change: true to continue on the new data")
+
+
 def _differences(where: str, old: Mapping, new: Mapping, then: str) -> list[str]:
     """"WHERE: KEY was A THEN, is B now" for every content key both sides recorded and that
     differs; sampled hashes count only when taken with the same blocks."""

@@ -385,9 +385,10 @@ class MMapIndexedDataset:
             best = max(best, int(chunk.max()))
         return best
 
-    def check_token_ids(self, vocab_size: int) -> None:
-        """Raise if any token id is >= `vocab_size` (A12: the data fits the model's vocabulary)."""
-        top = self.max_token_id()
+    def check_token_ids(self, vocab_size: int, top: int | None = None) -> None:
+        """Raise if any token id is >= `vocab_size` (A12: the data fits the model's vocabulary);
+        `top`: the largest id where it is known (megatron.data.token_ids keeps it)."""
+        top = self.max_token_id() if top is None else top
         if top >= vocab_size:
             raise ValueError(
                 f"{data_file_path(self._path)} holds token id {top}, but the model's vocabulary "

@@ -27,6 +27,7 @@ from megatron.data.options import SampleOptions
 from megatron.data.samplers import PretrainingSampler
 from megatron.data.split_parts import Part, check_split_size, parts_per_split
 from megatron.data.splits import SPLIT_NAMES, weights_by_num_documents
+from megatron.data.token_ids import check_token_ids
 from megatron.host import available_cpus  # noqa: F401 (re-exported)
 from megatron.monitoring.logger import get_logger
 
@@ -52,7 +53,8 @@ def build_train_valid_test_datasets(
 ) -> tuple[Any, Any, Any]:
     """(train, valid, test) datasets; None for a split asked for 0 samples or given no data.
 
-    With `vocab_size`, every token file is checked to hold only ids below it (A12). With
+    With `vocab_size`, every token file is checked to hold only ids below it (A12; the largest
+    id of each is kept in `cache_dir`, megatron.data.token_ids). With
     `global_batch_size`, a split asked for samples whose data gives fewer samples than one global
     batch is an error (A9). Under torch.distributed every rank of `group` (default: all ranks)
     must call this: rank 0 of the group builds the index caches while the others wait (see
@@ -71,7 +73,7 @@ def build_train_valid_test_datasets(
         if prefix not in opened:
             opened[prefix] = MMapIndexedDataset(prefix, skip_warmup=skip_warmup)
             if vocab_size is not None:
-                opened[prefix].check_token_ids(vocab_size)
+                check_token_ids(opened[prefix], vocab_size, cache_dir)
         return opened[prefix]
 
     per_split = parts_per_split(

@@ -19,8 +19,9 @@ from megatron.checkpointing.fine_tune import (FINE_TUNED_FROM, fine_tune_record,
 from megatron.checkpointing.layout import iteration_of, read_latest
 from megatron.checkpointing.locate import newest_good_iteration
 from megatron.checkpointing.model_shape import vocab_for_run
-from megatron.data.fingerprints import (check_datasets_unchanged, check_file_sizes,
-                                        compare_fingerprints, dataset_fingerprints)
+from megatron.data.fingerprints import (changed_data_error, check_datasets_unchanged,
+                                        check_file_sizes, compare_fingerprints,
+                                        dataset_fingerprints)
 from megatron.model.compile import graphs_compiled
 from megatron.model.config import model_config_from_args
 from megatron.monitoring.logger import get_logger, print_rank_0
@@ -260,9 +261,7 @@ def check_same_data(args, resumed: dict, fingerprints: dict) -> None:
     if args.checkpoint.allow_data_change:
         log.warning("resuming on different data (allow_data_change is on): %s", text)
         return
-    raise RuntimeError(f"the training data differs from the data checkpoint {args.checkpoint.load} "
-                       f"was trained on: {text}. Restore those files, or set "
-                       "allow_data_change: true to continue on the new data")
+    raise changed_data_error(args.checkpoint.load, differences)
 
 
 def check_ranks_agree(state: RunState) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -281,6 +283,32 @@ def test_a_list_of_data_path_prefixes_is_taken_from_yaml_and_each_is_checked(sma
     preflight(args, "train.py")
     with pytest.raises(FileNotFoundError, match=f"^data_path: .*{tmp_path / 'missing'}"):
         preflight(args.replace(data_path=[prefix, str(tmp_path / "missing")]), "train.py")
+
+
+def test_token_ids_beyond_the_vocabulary_are_refused_before_any_worker(small_data, tmp_path):
+    """A12 in deepy.py: a token file with ids the tokenizer does not have (tokenized with
+    another tokenizer) is refused naming the file, the id and the vocabulary, before any worker;
+    the largest id it found is kept where the workers look for it."""
+    from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
+    from megatron.data.token_ids import cache_path
+    from megatron.neox_arguments import NeoXArgs
+    from megatron.preflight import preflight
+    from tests.runs import ROOT
+
+    prefix = str(tmp_path / "other_tokenizer")
+    builder = MMapIndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    builder.add_documents(np.random.default_rng(0).integers(0, 3001, size=500_000), [500] * 1000)
+    builder.finalize(prefix + ".idx")
+    args = NeoXArgs.from_ymls([ROOT / "configs/tiny.yml"], [
+        f"data_path={prefix}", f"vocab_file={small_data[1]}", "num_gpus=1",
+        f"save={tmp_path / 'run'}", f"load={tmp_path / 'run'}",
+        f"data_cache_dir={tmp_path / 'cache'}"])
+    with pytest.raises(ValueError) as err:
+        preflight(args, "train.py")
+    assert str(err.value).startswith(
+        f"{prefix}.bin holds token id 3000, but the model's vocabulary has 2048 entries")
+    kept = cache_path(MMapIndexedDataset(prefix), str(tmp_path / "cache"))
+    assert json.loads(Path(kept).read_text())["max_token_id"] == 3000
 
 
 def test_a_train_split_without_documents_is_refused_before_any_worker(small_data, tmp_path):

@@ -24,6 +24,7 @@ def test_data_cache_dir_and_mmap_warmup_take_effect(small_data, tmp_path):
     train, valid, _ = build_datasets(args, sample_counts(args), vocab_size=2048)
     cached = sorted(p.name for p in (tmp_path / "cache").iterdir())
     assert any(name.endswith("_doc_idx.npy") and "_train_" in name for name in cached), cached
+    assert any("_max_token_id_" in name for name in cached), cached  # A12's kept largest id
     assert not list(Path(prefix).parent.glob("*4321s*"))  # none beside the data
     assert all(not files._skip_warmup for files in token_files(train) + token_files(valid))
     plain = args.replace(mmap_warmup=False, data_cache_dir=None)

@@ -124,7 +124,8 @@ class DataArgs:
         None, "Label files of neg_test_data_paths."
     )
     data_cache_dir: str | None = option(
-        None, "Directory for the sample-index caches; null writes them beside the data."
+        None, "Directory for the sample-index caches and the kept largest token id of each token "
+        "file; null writes them beside the data."
     )
     data_fingerprint: str = option(
         "sampled",
