@@ -35,8 +35,9 @@ only as a fine-tune, and fp16 is asked for only where a local launch has CUDA
 For a run that loads a checkpoint:
 - the model shape the manifest records (layers, widths, heads, experts) is this config's
   (checkpointing.model_shape.shape_mismatches, A23; the workers check it again), for
-  generate.py and eval.py too, which also refuse a reward model's checkpoint and a `load` that
-  is unset or names no checkpoint (checkpointing.locate.checkpoint_dir), before the memory
+  generate.py and eval.py too, which also refuse a reward model's checkpoint, a `load` that
+  is unset or names no checkpoint (checkpointing.locate.checkpoint_dir) and a checkpoint with
+  a file missing or of another size than its manifest records (A24), before the memory
   estimate is logged;
 - the padded vocabulary: the checkpoint's own size must split over this run's
   model_parallel_size and hold the tokenizer's ids (checkpointing.model_shape.resumed_vocab;
@@ -145,6 +146,17 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
         _check_same_data(args, opened, manifest.client_state)
 
 
+def _missing_or_resized(step_dir: Path, manifest) -> list[str]:
+    """A24 before the workers, from sizes alone: the files the manifest lists are there with
+    their sizes (a GPT-NeoX checkpoint's: there and not empty). The workers hash every file."""
+    from megatron.checkpointing import neox_format
+    from megatron.checkpointing.manifest import check_files
+
+    if neox_format.is_neox(manifest):
+        return neox_format.verify(step_dir, manifest)
+    return check_files(step_dir, manifest)
+
+
 def _check_shape(args, saved: dict, step_dir: Path) -> None:
     """A23 before the workers: the checkpoint holds this config's model shape (layers, widths,
     heads, experts); the vocabulary is checked apart (_check_vocab)."""
@@ -191,15 +203,18 @@ def _check_inference_checkpoint(args, script: str) -> None:
     a language model (not a reward model's value head) of this config's shape. The workers
     verify every file and compare every architecture key again when they load it."""
     from megatron.checkpointing.errors import CorruptFileError
-    from megatron.checkpointing.locate import checkpoint_dir, read_any_manifest
+    from megatron.checkpointing.locate import RESTORE, checkpoint_dir, damaged, read_any_manifest
     from megatron.checkpointing.model_shape import reward_model_refusal
 
     ck = args.checkpoint
     step_dir = checkpoint_dir(ck.load, ck.iteration)
     try:
         manifest = read_any_manifest(step_dir)
-    except CorruptFileError:
-        return  # the workers' verification names every damaged file
+    except CorruptFileError as err:
+        raise CorruptFileError(damaged(step_dir, [str(err)]) + RESTORE) from None
+    problems = _missing_or_resized(step_dir, manifest)
+    if problems:
+        raise CorruptFileError(damaged(step_dir, problems) + RESTORE)
     if manifest.run.get("value_head"):
         raise ValueError(reward_model_refusal(
             step_dir, "generation" if script == "generate.py" else "evaluation"))

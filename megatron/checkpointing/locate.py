@@ -251,12 +251,14 @@ def damaged(directory: Path, problems: list[str]) -> str:
             + "\n  - ".join(problems))
 
 
+RESTORE = ("\nRestore the files from a backup or pick another checkpoint (iteration=<N>, or its "
+           "global_step<N> directory)")
+
+
 def open_verified(step_dir: Path) -> Manifest:
     """The manifest of `step_dir` once every file matches it; CorruptFileError naming each
     damaged file otherwise. Collective like verify_checkpoint."""
     manifest, problems = verify_checkpoint(step_dir)
     if problems:
-        raise CorruptFileError(damaged(step_dir, problems) + "\nRestore the files from a backup "
-                               "or pick another checkpoint (iteration=<N>, or its "
-                               "global_step<N> directory)")
+        raise CorruptFileError(damaged(step_dir, problems) + RESTORE)
     return manifest

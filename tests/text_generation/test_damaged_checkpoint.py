@@ -92,3 +92,38 @@ def test_a_checkpoint_without_manifest_is_refused_by_readers(trained, tmp_path, 
                                                r".*manifest.json: missing"):
         read_checkpoint(save)
     assert read_checkpoint(trained["ckpt"]).iteration == 30  # the intact original reads
+
+
+@pytest.mark.parametrize("script", ["generate.py", "eval.py"])
+def test_a_truncated_or_missing_file_is_refused_before_any_worker(trained, tmp_path, script):
+    """deepy.py compares each file's size with the manifest before any worker starts (the
+    workers hash them all): a truncated layer file and a missing one are named in the message
+    the workers would print, and a manifest that is not JSON is refused the same way."""
+    from megatron.checkpointing.errors import CorruptFileError
+    from megatron.preflight import preflight
+
+    save = tmp_path / "ckpt"
+    shutil.copytree(trained["ckpt"], save)
+    step = save / (save / "latest").read_text().strip()
+    truncated, missing = step / "layer_02-model_00-model_states.pt", step / "rng"
+    size = truncated.stat().st_size
+    with open(truncated, "r+b") as f:
+        f.truncate(size - 100)
+    rng_files = sorted(p for p in missing.rglob("*") if p.is_file())
+    rng_files[0].unlink()
+    extra = dict(eval_tasks="[tiny_mc]", eval_include_path=str(ROOT / "tests/evaluation/tasks"),
+                 eval_results_prefix=str(tmp_path / "results")) if script == "eval.py" else {}
+    args = args_for(trained, save, tmp_path, **extra)
+    with pytest.raises(CorruptFileError) as err:
+        preflight(args, script)
+    text = str(err.value)
+    assert text.startswith(f"checkpoint {step} is damaged and will not be loaded:\n  - ")
+    assert f"  - {truncated}: {size - 100} bytes but the manifest recorded {size} (truncated)" \
+        in text
+    assert f"  - {rng_files[0]}: missing (the manifest lists it with " in text
+    assert text.endswith("pick another checkpoint (iteration=<N>, or its global_step<N> directory)")
+
+    (step / "manifest.json").write_text("{not json")
+    with pytest.raises(CorruptFileError, match=f"^checkpoint {step} is damaged and will not be "
+                                               "loaded:\n  - .*manifest.json"):
+        preflight(args, script)
