@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import time
 
 from megatron.data.indexed_dataset import MMapIndexedDataset, data_file_path
@@ -83,7 +84,7 @@ def _read(path: str) -> dict | None:
 
 
 def _write(path: str, payload: dict) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}"  # ranks of other nodes write too
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(tmp, "w", encoding="utf-8") as f:
