@@ -45,7 +45,7 @@ from megatron.checkpointing.mamba_ssm_export import write_mamba_ssm
 from megatron.checkpointing.model_shape import check_architecture
 from megatron.checkpointing.reader import CheckpointWeights, read_checkpoint
 from megatron.model.config import ModelConfig, model_config_from_args
-from megatron.model.hf_mapping import architecture_for, hf_class_name, to_hf_model
+from megatron.model.hf_mapping import architecture_for, export_notes, hf_class_name, to_hf_model
 from megatron.monitoring.logger import get_logger
 from megatron.monitoring.progress import progress
 from megatron.neox_arguments import NeoXArgs
@@ -97,6 +97,8 @@ def export_to_hf(input_dir: Path, args, output_dir: Path | None, architecture: s
     shape = model_config_from_args(args, 1)  # the vocabulary size plays no part in the choice
     check_mamba(shape, architecture)
     name = architecture_for(shape, "mamba" if mamba_ssm else architecture)
+    for note in export_notes(shape, name):
+        log.warning(note)
     tokenizer = export_tokenizer(args.tokenizer, saved)
     with progress(total=3, desc="export to Hugging Face", unit="step") as bar:
         ck = read_step(step_dir, args)

@@ -25,7 +25,10 @@ import torch
 
 from megatron.model.config import ModelConfig, model_config_from_args
 from megatron.checkpointing.model_shape import FIELD_LABELS, compared_fields, field_text
+from megatron.monitoring.logger import get_logger
 from megatron.paths import check_writable
+
+log = get_logger(__name__)
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -41,7 +44,7 @@ def import_from_hf(hf_dir: Path, args, save_dir: Path, tp: int | None = None,
     tensor-parallel ranks (default: the config's model_parallel_size); returns that path."""
     from megatron.checkpointing.weights_only import (check_new_iteration, config_for_tp,
                                                      write_weights_checkpoint)
-    from megatron.model.hf_mapping import canonical_from_hf, hf_model_config
+    from megatron.model.hf_mapping import canonical_from_hf, hf_model_config, import_notes
     from megatron.checkpointing.reader import resize_vocab
 
     if tp is not None and tp < 1:
@@ -54,6 +57,8 @@ def import_from_hf(hf_dir: Path, args, save_dir: Path, tp: int | None = None,
         args = config_for_tp(args, tp)
     config, tokenizer_ids = _run_config(args)
     check_same_model(config, hf_model, tokenizer_ids, hf_dir)
+    for note in import_notes(hf_cfg, config, args.derived.precision):
+        log.warning("%s: %s", hf_dir / "config.json", note)
     check_writable("--output_dir", save_dir)  # before any weight is read
     check_new_iteration(save_dir, iteration)
     canonical, _ = canonical_from_hf(read_hf_weights(hf_dir), hf_cfg)

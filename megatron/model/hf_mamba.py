@@ -86,6 +86,16 @@ def _mixer_names(config: ModelConfig) -> tuple[str, ...]:
     return tuple(n for n in _MIXER if config.mamba_use_bias_in_conv or n != "conv1d.bias")
 
 
+def import_notes(hf_cfg, config: ModelConfig, precision: str) -> list[str]:
+    """residual_in_fp32 (MambaConfig's default): our layers keep the residual stream in the
+    run's dtype, as GPT-NeoX's Mamba layers do, the same in fp32 runs."""
+    if not getattr(hf_cfg, "residual_in_fp32", False) or precision == "fp32":
+        return []
+    return [f"residual_in_fp32 true is not carried over: the residual stream is kept in "
+            f"{precision}, as in GPT-NeoX's Mamba layers (its sums round to {precision} where "
+            "the Hugging Face model sums in fp32; an fp32 run computes the same)"]
+
+
 def model_config(hf_cfg) -> tuple[ModelConfig, list[str]]:
     """The ModelConfig an HF MambaConfig describes, and what our model does not implement."""
     problems = []

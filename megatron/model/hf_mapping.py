@@ -53,9 +53,11 @@ def unsupported(config: ModelConfig, name: str = "neox") -> list[str]:
         return out + module.unsupported(config)
     if config.pos_emb != "rotary":
         out.append(f"pos_emb {config.pos_emb!r} ({title} has rotary only)")
-    if any(t != "global" for t in config.attention_types):
-        out.append(f"attention types {sorted(set(config.attention_types))} ({title}: global "
-                   "only)")
+    windowed = sorted({t for t, seen in zip(config.attention_types, config.layer_attention)
+                       if seen is not None})  # `flash` without a window computes `global`'s
+    if windowed:
+        out.append(f"attention types {windowed} ({title}: global only, or flash without a "
+                   "window)")
     return out + module.unsupported(config)
 
 
@@ -160,6 +162,21 @@ def _reward_state_dict(canonical: dict[str, torch.Tensor], config: ModelConfig, 
     state.pop("lm_head.weight")
     state["score.weight"] = canonical[value]
     return state
+
+
+def import_notes(hf_cfg, config: ModelConfig, precision: str) -> list[str]:
+    """What of the HF config `hf_cfg` an import into a checkpoint of `config` (the run config,
+    of `precision`) does not carry over, one sentence each (training settings the checkpoint
+    takes from the run config; sums the model keeps in another dtype)."""
+    module = mapping_module(hf_model_config(hf_cfg)[0])
+    return module.import_notes(hf_cfg, config, precision) if hasattr(module, "import_notes") \
+        else []
+
+
+def export_notes(config: ModelConfig, architecture: str) -> list[str]:
+    """What of `config` the HF `architecture` does not hold, one sentence each."""
+    module = mapping_module(architecture)
+    return module.export_notes(config) if hasattr(module, "export_notes") else []
 
 
 def hf_model_config(hf_cfg) -> tuple[str, ModelConfig]:

@@ -5,10 +5,14 @@ experts in place of every MLP. What corresponds, beyond Llama's:
 - MoE in every layer: moe_expert_interval 1; moe_num_experts <-> num_local_experts,
   moe_top_k <-> num_experts_per_tok;
 - routing: the top k of the router's softmax, the k weights rescaled to sum to 1, in training
-  too: moe_router_type topk with moe_normalize_topk; moe_jitter_eps <-> router_jitter_noise
-  (0: none); moe_aux_loss_coeff <-> router_aux_loss_coef (Mixtral's balance loss is the same
-  Switch loss, megatron/model/moe.py); HF's output_router_logits stays false, as in Mixtral's
-  own configs;
+  too: moe_router_type topk with moe_normalize_topk; moe_aux_loss_coeff <->
+  router_aux_loss_coef (Mixtral's balance loss is the same Switch loss, megatron/model/moe.py);
+  HF's output_router_logits stays false, as in Mixtral's own configs. router_jitter_noise does
+  not correspond to moe_jitter_eps: Mixtral scales the hidden states both the router and the
+  experts read, GPT-NeoX (and this project) the router's input only. Neither is carried over:
+  an import says so where the model's config.json has jitter, and an export of a model
+  trained with moe_jitter_eps writes router_jitter_noise 0 and says so. Both touch training
+  only; inference computes the same;
 - router: mlp.router.weight [E, h] <-> the gate's weight;
 - experts: our mlp.experts.w_in [E, 2f, h] holds [value; gate] rows per expert, w_out
   [E, h, f]. Mixtral's files (and transformers before 5) keep each expert apart, under
@@ -58,7 +62,7 @@ def hf_config(config: ModelConfig, **shared):
         num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim,
         hidden_act=_ACTIVATIONS[c.activation], rms_norm_eps=c.norm_epsilon,
         rope_theta=c.rotary_emb_base, num_local_experts=c.moe_num_experts,
-        num_experts_per_tok=c.moe_top_k, router_jitter_noise=c.moe_jitter_eps or 0.0,
+        num_experts_per_tok=c.moe_top_k, router_jitter_noise=0.0,  # not ours: export_notes
         router_aux_loss_coef=c.moe_aux_loss_coeff, sliding_window=None, **shared)
 
 
@@ -99,11 +103,35 @@ def model_fields(hf_cfg) -> tuple[dict, list[str]]:
     if getattr(hf_cfg, "sliding_window", None):
         problems.append(f"sliding_window {hf_cfg.sliding_window} (Mixtral's window is not "
                         "mapped; set it to null for full attention)")
-    jitter = float(getattr(hf_cfg, "router_jitter_noise", 0.0) or 0.0)
-    return dict(fields, use_bias_in_mlp=False, moe_num_experts=hf_cfg.num_local_experts, moe_top_k=hf_cfg.num_experts_per_tok,
-                moe_router_type="topk", moe_normalize_topk=True,
-                moe_jitter_eps=jitter or None,
+    return dict(fields, use_bias_in_mlp=False, moe_num_experts=hf_cfg.num_local_experts,
+                moe_top_k=hf_cfg.num_experts_per_tok, moe_router_type="topk",
+                moe_normalize_topk=True,
                 moe_aux_loss_coeff=float(hf_cfg.router_aux_loss_coef)), problems
+
+
+def import_notes(hf_cfg, config: ModelConfig, precision: str) -> list[str]:
+    """The training settings of a MixtralConfig an import into `config` does not take."""
+    notes = []
+    jitter = float(getattr(hf_cfg, "router_jitter_noise", 0.0) or 0.0)
+    if jitter:
+        notes.append(f"router_jitter_noise {jitter} is not carried over: Mixtral scales what the "
+                     "router and the experts read, moe_jitter_eps (GPT-NeoX's) the router's "
+                     f"input only; training takes the config's moe_jitter_eps "
+                     f"({config.moe_jitter_eps})")
+    coef = float(hf_cfg.router_aux_loss_coef)
+    if coef != config.moe_aux_loss_coeff:
+        notes.append(f"router_aux_loss_coef {coef} is not the config's moe_aux_loss_coeff "
+                     f"{config.moe_aux_loss_coeff}, which training takes")
+    return notes
+
+
+def export_notes(config: ModelConfig) -> list[str]:
+    """What of `config` a MixtralConfig does not hold."""
+    if not config.moe_jitter_eps:
+        return []
+    return [f"moe_jitter_eps {config.moe_jitter_eps} is not exported: Mixtral's "
+            "router_jitter_noise also scales what the experts read, so the Hugging Face config "
+            "has router_jitter_noise 0 (training only; inference is the same)"]
 
 
 def _layer_from_hf(state: dict, prefix: str, config: ModelConfig) -> dict[str, torch.Tensor]:

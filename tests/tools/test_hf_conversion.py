@@ -573,3 +573,84 @@ def test_mamba_checkpoint_exports_in_mamba_ssm_format(mamba_tp2, tmp_path):
     with torch.inference_mode():
         theirs = hf(tokens).logits
     assert (our_logits(config, canonical, tokens) - theirs).abs().max().item() < ATOL
+
+
+def test_flash_attention_without_a_window_exports_as_hugging_faces_attention(data, tmp_path):
+    """attention_config flash (GPT-NeoX's Pythia and Llama configs) computes global attention:
+    an HF model imported with it exports back with the same logits; a window is still refused."""
+    from megatron.model.hf_mapping import architecture_for
+
+    hf = hf_gpt_neox(vocab=2048)
+    hf.save_pretrained(tmp_path / "hf")
+    flash = tmp_path / "flash.yml"
+    flash.write_text('attention_config: [[["flash"], 4]]\n')
+    configs = ["configs/tiny.yml", str(data[2]), str(flash)]
+    assert tool("convert_hf_to_neox").main(["--hf_model", str(tmp_path / "hf"), "--config_file",
+                                            *configs, "--output_dir", str(tmp_path / "ckpt")]) == 0
+    ck = read_checkpoint(str(tmp_path / "ckpt"), None)
+    config = model_config_from_args(ck.saved_args, ck.trained_vocab)
+    assert config.attention_types == ("flash",) * 4
+    assert tool("convert_neox_to_hf").main(["--input_dir", str(tmp_path / "ckpt"),
+                                            "--output_dir", str(tmp_path / "back")]) == 0
+    tokens = batch(2048, seed=4)
+    with torch.inference_mode():
+        theirs = hf(tokens).logits
+    again, model = hf_logits(tmp_path / "back", tokens)
+    assert type(model).__name__ == "GPTNeoXForCausalLM" and torch.equal(again, theirs)
+    with pytest.raises(ValueError, match=r"GPTNeoX: attention types \['flash'\] \(GPTNeoX: global "
+                                         r"only, or flash without a window\)"):
+        architecture_for(dataclasses.replace(config, sliding_window_width=16))
+
+
+def test_mixtrals_jitter_and_balance_coefficient_are_named_where_not_carried_over(
+        data, tmp_path, capsys):
+    """Mixtral's router_jitter_noise scales what the router and the experts read, GPT-NeoX's
+    moe_jitter_eps the router's input only: an import says it does not take it, and that the
+    config's moe_aux_loss_coeff is trained with where config.json has another coefficient; an
+    export of a model trained with moe_jitter_eps writes router_jitter_noise 0 and says so."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    hf = random_hf(MixtralForCausalLM(MixtralConfig(
+        vocab_size=2048, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=192, max_position_embeddings=128,
+        tie_word_embeddings=False, num_local_experts=4, num_experts_per_tok=2,
+        router_aux_loss_coef=0.001, router_jitter_noise=0.1, rope_theta=10000.0)))
+    hf.save_pretrained(tmp_path / "hf")
+    moe = tmp_path / "moe.yml"
+    moe.write_text(MIXTRAL_KEYS)
+    configs = ["configs/tiny_llama.yml", str(data[2]), str(moe)]
+    capsys.readouterr()
+    assert tool("convert_hf_to_neox").main(["--hf_model", str(tmp_path / "hf"), "--config_file",
+                                            *configs, "--output_dir", str(tmp_path / "ckpt")]) == 0
+    err = capsys.readouterr().err
+    where = tmp_path / "hf" / "config.json"
+    assert (f"{where}: router_jitter_noise 0.1 is not carried over: Mixtral scales what the "
+            "router and the experts read, moe_jitter_eps (GPT-NeoX's) the router's input only; "
+            "training takes the config's moe_jitter_eps (None)") in err, err
+    assert (f"{where}: router_aux_loss_coef 0.001 is not the config's moe_aux_loss_coeff 0.02, "
+            "which training takes") in err
+
+    jitter = tmp_path / "jitter.yml"
+    jitter.write_text("moe_jitter_eps: 0.01\n")
+    assert tool("convert_neox_to_hf").main([
+        "--input_dir", str(tmp_path / "ckpt"), "--config_file", *configs, str(jitter),
+        "--output_dir", str(tmp_path / "back")]) == 0
+    assert "moe_jitter_eps 0.01 is not exported" in capsys.readouterr().err
+    exported = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert exported["router_jitter_noise"] == 0.0 and exported["router_aux_loss_coef"] == 0.02
+
+
+def test_a_mamba_models_fp32_residual_is_named_where_the_run_sums_in_another_dtype():
+    from transformers import MambaConfig
+
+    from megatron.model import hf_mamba
+
+    hf_cfg = MambaConfig(hidden_size=64, num_hidden_layers=2, vocab_size=300)
+    assert hf_cfg.residual_in_fp32  # Hugging Face's default
+    assert hf_mamba.import_notes(hf_cfg, None, "fp32") == []
+    assert hf_mamba.import_notes(hf_cfg, None, "bf16") == [
+        "residual_in_fp32 true is not carried over: the residual stream is kept in bf16, as in "
+        "GPT-NeoX's Mamba layers (its sums round to bf16 where the Hugging Face model sums in "
+        "fp32; an fp32 run computes the same)"]
+    hf_cfg.residual_in_fp32 = False
+    assert hf_mamba.import_notes(hf_cfg, None, "bf16") == []
