@@ -72,6 +72,26 @@ class LaunchPlan:
     on_stop: str = "which stop"  # what the workers do on deepy.py's SIGTERM (workers_on_stop)
 
 
+DLTS_HOSTFILE = "/job/hostfile"  # DeepSpeed's runner's default hostfile, and GPT-NeoX's
+
+
+def with_default_hostfile(args, environ=os.environ):
+    """`args` with `hostfile: null` taken as GPT-NeoX and DeepSpeed's runner take it: the file
+    $DLTS_HOSTFILE names, else /job/hostfile, where that file exists (said in one line);
+    otherwise this machine alone."""
+    if args.launcher.hostfile:
+        return args
+    path = environ.get("DLTS_HOSTFILE") or DLTS_HOSTFILE
+    if not os.path.isfile(path):
+        if environ.get("DLTS_HOSTFILE"):
+            log.warning("DLTS_HOSTFILE names %s, which is not a file: running on this machine "
+                        "only, as DeepSpeed's runner does", path)
+        return args
+    where = "DLTS_HOSTFILE" if environ.get("DLTS_HOSTFILE") else "DeepSpeed's default hostfile"
+    log.info("hostfile: %s (%s; hostfile is not set), as GPT-NeoX reads it", path, where)
+    return args.replace(hostfile=path)
+
+
 def read_hostfile(path: str) -> dict[str, int]:
     """{host: slots} from a hostfile of `host slots=N` lines; a clear error when unusable."""
     p = Path(path)
@@ -204,6 +224,9 @@ def _plan(args, script: str, python: str) -> LaunchPlan:
                              "key 'hostfile', one 'hostname slots=N' line per node, e.g. from "
                              "scontrol show hostnames $SLURM_JOB_NODELIST), or remove it")
         hosts = {"localhost": list(range(la.num_gpus or 1))}
+    if (la.comment or la.account) and not (la.hostfile and la.launcher == "slurm"):
+        log.warning("comment and account are given to srun, which starts the workers with "
+                    "launcher: slurm and a hostfile; this launch does not use them")
     world = sum(len(slots) for slots in hosts.values())
     args = args.with_world_size(world)  # validates degrees against the real world size
     procs_here = max(len(s) for s in hosts.values())
@@ -379,6 +402,7 @@ def launch(script: str, argv: list[str]) -> int:
     from megatron.neox_arguments.load import log_overrides
 
     log_overrides(args.overrides_log)
+    args = with_default_hostfile(args)
     return run_with_restarts(args, script, lambda attempt_args: run_once(attempt_args, script))
 
 

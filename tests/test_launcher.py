@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from megatron.launcher import (CONFIG_FLAG, ephemeral_ports, exported_env, free_port,
-                               plan_launch, port_in_use, read_hostfile, worker_args,
-                               write_env_file)
+                               plan_launch, port_in_use, read_hostfile, with_default_hostfile,
+                               worker_args, write_env_file)
 from megatron.neox_arguments import NeoXArgs
 from tests.runs import ROOT
 
@@ -62,6 +62,29 @@ def test_hostfile_launch_passes_launcher_and_filters(tmp_path):
     assert plan.env["MASTER_ADDR"] == "10.0.0.1" and plan.env["MASTER_PORT"] == "29500"
     assert "--force_multi" not in plan.argv
     assert "--no_ssh_check" in plan.argv  # srun reaches the nodes through SLURM, not ssh
+
+
+def test_an_unset_hostfile_is_the_one_gpt_neox_and_deepspeeds_runner_read(tmp_path, monkeypatch,
+                                                                         caplog):
+    """hostfile: null means $DLTS_HOSTFILE, else /job/hostfile, where the file exists (GPT-NeoX
+    sizes the world from it and DeepSpeed's runner launches it); else this machine alone."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("worker-0 slots=2\nworker-1 slots=2\n")
+    plain = args(num_gpus="null", launcher="slurm", master_addr="10.0.0.1")
+    resolved = with_default_hostfile(plain, {"DLTS_HOSTFILE": str(hostfile)})
+    assert resolved.launcher.hostfile == str(hostfile)
+    plan = plan_launch(resolved, "train.py", python="py")
+    assert flag(plan.argv, "hostfile") == str(hostfile) and plan.world_size == 4
+    assert f"hostfile: {hostfile} (DLTS_HOSTFILE; hostfile is not set)" in caplog.text
+
+    assert with_default_hostfile(plain, {"DLTS_HOSTFILE": str(tmp_path / "gone")}) is plain
+    assert f"DLTS_HOSTFILE names {tmp_path / 'gone'}, which is not a file" in caplog.text
+    monkeypatch.setattr("megatron.launcher.DLTS_HOSTFILE", str(hostfile))  # /job/hostfile
+    assert with_default_hostfile(plain, {}).launcher.hostfile == str(hostfile)
+    monkeypatch.setattr("megatron.launcher.DLTS_HOSTFILE", str(tmp_path / "none"))
+    assert with_default_hostfile(plain, {}) is plain
+    given = args(hostfile=hostfile, num_gpus="null")
+    assert with_default_hostfile(given, {"DLTS_HOSTFILE": "/elsewhere"}) is given
 
 
 def test_slurm_launch_asks_nothing_over_ssh_and_no_gpus_the_hostfile_does_not_narrow(tmp_path):
@@ -282,3 +305,9 @@ def test_the_plan_says_what_the_workers_do_on_a_signal_as_the_script_and_config_
         script, overrides, said):
     """deepy.py's line on SIGTERM / SIGINT promises a save only where the workers make one."""
     assert plan_launch(args(**overrides), script).on_stop == said
+
+
+def test_comment_and_account_without_srun_are_said_to_be_unused(caplog):
+    plan_launch(args(num_gpus=1, comment="nightly", account="lab"), "train.py")
+    assert ("comment and account are given to srun, which starts the workers with launcher: "
+            "slurm and a hostfile; this launch does not use them") in caplog.text

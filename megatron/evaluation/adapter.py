@@ -178,9 +178,10 @@ class NeoXLM(LM):
         if max_new >= self.max_length:
             raise ValueError(f"max_gen_toks({max_new}) must be below the model's context "
                              f"({self.max_length} tokens)")
-        temperature = float(kwargs.get("temperature", 0.0)) if kwargs.get("do_sample") else 0.0
-        params = SamplingParams(temperature, int(kwargs.get("top_k") or 0),
-                                float(kwargs.get("top_p") or 0.0))
+        params = SamplingParams()  # greedy, as lm-eval's Hugging Face model without do_sample
+        if kwargs.get("do_sample"):
+            params = SamplingParams(float(kwargs.get("temperature", 0.0)),
+                                    int(kwargs.get("top_k") or 0), float(kwargs.get("top_p") or 0.0))
         keep = self.max_length - max_new
         prompts = [(self.tokenizer.tokenize(c) or [self.eod])[-keep:] for c in contexts]
         mine = self.replicas.split(len(prompts))

@@ -47,6 +47,7 @@ class TensorParallel:
     sequence_parallel: bool = False
     rng: object | None = None  # TensorParallelRNG for dropout in split regions
     ep: ExpertParallel = NO_EP  # MoE layers' expert-parallel group (a data-parallel subgroup)
+    fp32_reduce: bool = False  # fp32_allreduce: bf16/fp16 sums over the group run in fp32
 
     @property
     def enabled(self) -> bool:
@@ -115,8 +116,10 @@ class ProcessGroups:
         return cls(topology=topology, rank=rank, tp_group=mine["tp"], dp_group=mine["dp"],
                    pp_group=mine["pp"], ep_group=mine.get("ep"), edp_group=mine.get("edp"))
 
-    def tensor_parallel(self, seed: int, sequence_parallel: bool = False) -> TensorParallel:
-        """The view tensor-parallel layers take; one RNG stream per rank for split regions."""
+    def tensor_parallel(self, seed: int, sequence_parallel: bool = False,
+                        fp32_reduce: bool = False) -> TensorParallel:
+        """The view tensor-parallel layers take; one RNG stream per rank for split regions;
+        `fp32_reduce` (GPT-NeoX's fp32_allreduce) sums bf16/fp16 tensors over it in fp32."""
         from megatron.mpu.random import TensorParallelRNG
 
         c = self.topology.coords(self.rank)
@@ -124,4 +127,5 @@ class ProcessGroups:
             group=self.ep_group, rank=c.expert, size=self.topology.ep, data_group=self.edp_group)
         return TensorParallel(group=self.tp_group, rank=c.model, size=self.topology.tp,
                               sequence_parallel=sequence_parallel and self.topology.tp > 1,
-                              rng=TensorParallelRNG(seed, c.model), ep=ep)
+                              rng=TensorParallelRNG(seed, c.model), ep=ep,
+                              fp32_reduce=fp32_reduce)

@@ -14,13 +14,12 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from megatron.mpu.groups import NO_TP, TensorParallel
-from megatron.mpu.mappings import (copy_to_tensor_parallel, gather_from_sequence_parallel,
-                                   reduce_from_tensor_parallel,
+from megatron.mpu.mappings import (all_reduce_sum, copy_to_tensor_parallel,
+                                   gather_from_sequence_parallel, reduce_from_tensor_parallel,
                                    reduce_scatter_to_sequence_parallel)
 from megatron.mpu.products import linear
 
@@ -153,10 +152,6 @@ def sync_sequence_parallel_grads(model: nn.Module, tp: TensorParallel) -> int:
     count = 0
     for p in model.parameters():
         if getattr(p, "sequence_parallel_grad", False):
-            def hook(grad, group=tp.group):
-                grad = grad.clone()
-                dist.all_reduce(grad, group=group)
-                return grad
-            p.register_hook(hook)
+            p.register_hook(lambda grad: all_reduce_sum(grad.clone(), tp))
             count += 1
     return count

@@ -13,10 +13,20 @@ import torch.distributed as dist
 from megatron.mpu.groups import TensorParallel
 
 
-def _all_reduce(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+def all_reduce_sum(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    """The sum of `x` over the tensor-parallel group, in place where it can be; a bf16/fp16
+    tensor is summed in fp32 and rounded once with `tp.fp32_reduce` (GPT-NeoX's
+    fp32_allreduce). Not autograd-aware."""
     x = x.contiguous()
+    if tp.fp32_reduce and x.dtype in (torch.bfloat16, torch.float16):
+        wide = x.float()
+        dist.all_reduce(wide, group=tp.group)
+        return wide.to(x.dtype)
     dist.all_reduce(x, group=tp.group)
     return x
+
+
+_all_reduce = all_reduce_sum
 
 
 def _split(x: torch.Tensor, dim: int, tp: TensorParallel) -> torch.Tensor:

@@ -175,7 +175,7 @@ def canonical_key(raw: Any, value: Any, source: str) -> str | None:
         return None  # a GPT-NeoX-only key at GPT-NeoX's default changes nothing
     if key in RUNTIME_KEYS:
         where = RUNTIME_KEYS[key]
-        todo = (f"Set {where[len('read from '):]}={json.dumps(value)} instead"
+        todo = (f"Set {where[len('read from '):].split(',')[0]}={json.dumps(value)} instead"
                 if where.startswith("read from ") else "Remove it")
         raise ConfigError(
             f"'{raw}' in {source} is not a config option here: it is {where}; "

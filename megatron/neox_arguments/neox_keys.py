@@ -21,9 +21,7 @@ from typing import Any
 # Old GPT-NeoX names -> the key that replaces them here.
 RENAMED: dict[str, str] = {
     "save_interval": "checkpoint_factor",
-    "batch_size": "train_micro_batch_size_per_gpu",
     "gas": "gradient_accumulation_steps",
-    "clip_grad": "gradient_clipping",
 }
 
 # Values GPT-NeoX fills in itself; here they are derived (see `args.derived`) or not config.
@@ -31,6 +29,11 @@ RUNTIME_KEYS: dict[str, str] = {
     "world_size": "derived from num_nodes * num_gpus (see args.derived.world_size)",
     "is_pipe_parallel": "derived from pipe_parallel_size (see args.derived.is_pipe_parallel)",
     "lr": "read from optimizer.params.lr",
+    # GPT-NeoX declares these two and overwrites them with the values they copy, so a value
+    # written there trains nothing: accepted at GPT-NeoX's default only
+    "batch_size": "read from train_micro_batch_size_per_gpu, as GPT-NeoX overwrites batch_size "
+                  "with it",
+    "clip_grad": "read from gradient_clipping, as GPT-NeoX overwrites clip_grad with it",
     "optimizer_type": "read from optimizer.type",
     "zero_stage": "read from zero_optimization.stage",
     "zero_reduce_scatter": "read from zero_optimization.reduce_scatter",
@@ -109,9 +112,11 @@ NEOX_DEFAULTS: dict[str, Any] = {
     "autotuning": None,
     "autotuning_run": None,
     "base_shapes_file": None,
+    "batch_size": None,
     "char_level_ppl": False,
     "checkpoint": None,
     "checkpoint_validation_with_forward_pass": False,
+    "clip_grad": 1.0,
     "comet_experiment": None,
     "comms_logger": None,
     "communication_data_type": None,

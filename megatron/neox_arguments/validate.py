@@ -427,6 +427,12 @@ def _checkpoint(c: Config, world_size: int | None) -> Problems:
                 f"checkpoint_factor({factor}) with checkpoint_scale {c['checkpoint_scale']} must "
                 f"be {'at least 1' if low == 1 else 'greater than 1'}."
             )
+        elif c["checkpoint_scale"] == "linear" and factor != int(factor):
+            yield (  # GPT-NeoX asserts the same
+                f"checkpoint_factor({factor}) with checkpoint_scale linear must be a whole number "
+                "of iterations between saves; a factor between whole numbers is for "
+                "checkpoint_scale log."
+            )
     if extra is not None and any(i < 0 for i in extra):
         yield BadValue("extra_save_iters",
                        f"extra_save_iters({extra}) must not contain negative iterations.")

@@ -162,7 +162,8 @@ def inference_runtime(args):
         torch.manual_seed(args.training.seed)
         tok = args.tokenizer
         tokenizer = build_tokenizer(tok.tokenizer_type, tok.vocab_file, tok.merge_file)
-        tp_view = groups.tensor_parallel(args.training.seed)
+        tp_view = groups.tensor_parallel(args.training.seed,
+                                         fp32_reduce=args.deepspeed.fp32_allreduce)
         yield InferenceRuntime(args, tokenizer, replicas, tp_view, inference_device())
     finally:
         destroy_distributed()

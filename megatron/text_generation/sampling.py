@@ -2,10 +2,12 @@
 
     ids = sample(logits, SamplingParams(temperature=0.8, top_k=40, top_p=0.95), generators)
 
-Temperature 0 is greedy (argmax, no randomness). Otherwise the logits are divided by the
-temperature, cut to the top_k most likely tokens and to the smallest set whose probability
-reaches top_p, and one token per row is drawn from that row's own `torch.Generator`: a row's
-sample depends only on its logits and its generator, never on the other rows of the batch.
+Temperature, top_k and top_p all 0 is greedy (argmax, no randomness). Otherwise the logits are
+divided by the temperature (when it is above 0: temperature 0 with top_k or top_p leaves them
+as they are, as in GPT-NeoX), cut to the top_k most likely tokens and to the smallest set whose
+probability reaches top_p, and one token per row is drawn from that row's own
+`torch.Generator`: a row's sample depends only on its logits and its generator, never on the
+other rows of the batch.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import torch
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens: temperature (0 = greedy), top_k (0 = off), top_p (0 = off)."""
+    """How to pick tokens: temperature (0 = unscaled, and greedy with top_k and top_p off),
+    top_k (0 = off), top_p (0 = off)."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -33,13 +36,16 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """GPT-NeoX's rule: argmax only when nothing asks for sampling."""
+        return self.temperature == 0.0 and self.top_k == 0 and self.top_p == 0.0
 
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """logits [b, V] -> fp32 logits [b, V] scaled by 1/temperature with every token outside
-    top_k / top_p set to -inf (at least the most likely token always stays)."""
-    out = logits.float() / params.temperature
+    """logits [b, V] -> fp32 logits [b, V] scaled by 1/temperature (temperature 0: unscaled)
+    with every token outside top_k / top_p set to -inf (the most likely token always stays)."""
+    out = logits.float()
+    if params.temperature > 0.0:
+        out = out / params.temperature
     vocab = out.shape[-1]
     if 0 < params.top_k < vocab:
         kth = torch.topk(out, params.top_k, dim=-1).values[..., -1:]  # [b, 1]

@@ -90,7 +90,8 @@ def build_engine(args, model_config: ModelConfig, groups: ProcessGroups) -> Engi
     hide_foreign_deprecations()
     check_precision_supported(args.derived.precision)
     check_compile_supported(args.model.torch_compile, args.derived.precision, cuda_available())
-    tp = groups.tensor_parallel(args.training.seed, args.parallelism.sequence_parallel)
+    tp = groups.tensor_parallel(args.training.seed, args.parallelism.sequence_parallel,
+                                fp32_reduce=args.deepspeed.fp32_allreduce)
     for line in fusion_paths(args.model):
         log.info("%s", line)
     device = get_accelerator().device_name()

@@ -287,16 +287,19 @@ def _train(args, engine, state: RunState, iterators, train_log: TrainLog, datase
     train_iter, valid_iter, test_iter = iterators
     guard = StepGuard.from_args(t)
     summary = RunSummary(args, state.iteration)
+    if ck.save and state.iteration == 0 and 0 in (ck.extra_save_iters or ()):
+        _save_if_sound(args, engine, state, guard, datasets)  # GPT-NeoX's step-0 checkpoint
     with StopSignals(_plan_on_signal(ck)) as stops:
         saved_at = _train_steps(args, engine, state, train_iter, valid_iter, train_log, datasets,
                                 guard, stops, profiler, summary, tasks)
-    finished = state.iteration >= t.train_iters
+    finished = state.iteration >= t.train_iters  # else exit_interval ended it: no save, as
+    # GPT-NeoX exits there (a save iteration saved in the loop)
     evaluated = bool(summary.evals["validation"]) and \
         summary.evals["validation"][-1][0] == state.iteration
     if finished and valid_iter is not None and t.eval_iters and not evaluated:
         _evaluate(args, engine, state, valid_iter, train_log.tracker, summary, tasks=tasks)
     stepped = state.iteration != summary.start_iteration  # else the loaded checkpoint is it
-    if ck.save and saved_at != state.iteration and state.iteration > 0 and stepped:
+    if ck.save and finished and saved_at != state.iteration and state.iteration > 0 and stepped:
         _save_if_sound(args, engine, state, guard, datasets)
     test_batches = test_iter() if finished and t.eval_iters else None
     if test_batches is not None:
@@ -359,14 +362,27 @@ def _train_steps(args, engine, state: RunState, train_iter, valid_iter, train_lo
             if _save_if_sound(args, engine, state, guard, datasets):
                 saved_at = state.iteration
             interval_start = time.perf_counter()
-        if t.exit_interval and state.iteration % t.exit_interval == 0:
-            print_rank_0(f"exiting at iteration {state.iteration} (exit_interval={t.exit_interval})")
+        if t.exit_interval and state.iteration % t.exit_interval == 0 and \
+                state.iteration < t.train_iters:
+            print_rank_0(_exit_line(args, state.iteration, saved_at))
             break
         with watchdog.phase("stop check", state.iteration):
             signum = stops.agreed()
         if signum:
             _stop_on_signal(args, engine, state, guard, datasets, signum, saved_at)
     return saved_at
+
+
+def _exit_line(args, iteration: int, saved_at: int | None) -> str:
+    """exit_interval's stop, and where a run goes on from: GPT-NeoX exits there without a
+    checkpoint beyond the iteration's scheduled one, and so does this."""
+    head = f"exiting at iteration {iteration} (exit_interval={args.training.exit_interval})"
+    if saved_at == iteration:
+        return head + " after its scheduled checkpoint"
+    save = args.checkpoint.save
+    latest = read_latest(save) if save else None
+    return (head + " without a checkpoint of its own, as GPT-NeoX does"
+            + (f"; a run goes on from {save}/{latest}" if latest else ""))
 
 
 def _scaled_step(args, engine, train_iter, iteration: int):

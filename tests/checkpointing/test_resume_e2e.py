@@ -98,6 +98,30 @@ def test_stop_and_resume_is_bitwise_identical_to_an_uninterrupted_run(small_data
 
 
 @pytest.mark.slow
+def test_exit_interval_exits_as_gpt_neox_does_and_step_0_is_saved_when_asked(small_data,
+                                                                            tmp_path, reference):
+    """GPT-NeoX's exit_interval ends the run after the step, saving only what that iteration's
+    schedule saves (not the end-of-training evaluations and checkpoint); extra_save_iters [0]
+    saves the model before the first step, as GPT-NeoX does. The run resumed from its last
+    checkpoint trains as the uninterrupted one did, bit for bit."""
+    from megatron.checkpointing.manifest import read_manifest
+
+    want_losses, _ = reference("fp32")
+    first = run(small_data, tmp_path, exit_interval=3, extra_save_iters="[0]")
+    assert first.returncode == 0, explain(first)
+    ckpt = tmp_path / "ckpt"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["global_step0", "global_step2", "latest"]
+    assert (ckpt / "latest").read_text() == "global_step2"
+    assert read_manifest(ckpt / "global_step0").iteration == 0
+    assert (f"exiting at iteration 3 (exit_interval=3) without a checkpoint of its own, as "
+            f"GPT-NeoX does; a run goes on from {ckpt}/global_step2") in first.stdout
+    assert "test at the end of training" not in first.stdout
+    second = run(small_data, tmp_path)
+    assert second.returncode == 0, explain(second)
+    assert "from iteration 2 to 6" in second.stdout
+    assert losses_by_iteration(tmp_path) == want_losses, EXACT_HINT
+
+
 def test_compiled_layers_stop_and_resume_continue_the_uninterrupted_run(small_data, tmp_path,
                                                                        reference):
     """torch_compile: the compiled layers' dropout masks come from the generator state the
@@ -110,7 +134,8 @@ def test_compiled_layers_stop_and_resume_continue_the_uninterrupted_run(small_da
     another time 6 by up to 6.7e-5, 0.2% of those values). A mask drawn differently would
     move the loss, and every value, by far more."""
     want_losses, want_root = reference("compiled")
-    first = run(small_data, tmp_path, exit_interval=3, torch_compile=True)
+    first = run(small_data, tmp_path, exit_interval=3, extra_save_iters="[3]",
+                torch_compile=True)
     assert first.returncode == 0, explain(first)
     second = run(small_data, tmp_path, torch_compile=True)
     assert second.returncode == 0, explain(second)
@@ -138,10 +163,10 @@ def test_compiled_layers_stop_and_resume_continue_the_uninterrupted_run(small_da
 
 
 def assert_stop_and_resume_exact(small_data, run_dir: Path, reference, **extra) -> None:
-    """Train to iteration 3 and exit, resume to 6: the losses and final state equal the
+    """Train to iteration 3, save and exit, resume to 6: the losses and final state equal the
     uninterrupted `reference` (losses by iteration, checkpoint root) bit for bit."""
     want_losses, want_root = reference
-    first = run(small_data, run_dir, exit_interval=3, **extra)
+    first = run(small_data, run_dir, exit_interval=3, extra_save_iters="[3]", **extra)
     assert first.returncode == 0, explain(first)
     assert (run_dir / "ckpt" / "latest").read_text() == "global_step3"
     second = run(small_data, run_dir, **extra)

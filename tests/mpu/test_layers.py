@@ -129,3 +129,33 @@ def test_vocab_parallel_cross_entropy_size_one_is_cross_entropy():
     logits, labels = torch.randn(2, 3, 7), torch.randint(0, 7, (2, 3))
     expected = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(2, 3)
     assert torch.allclose(vocab_parallel_cross_entropy(logits, labels, NO_TP), expected)
+
+
+def _bf16_sums(rank, world):
+    import torch.distributed as dist
+
+    from megatron.mpu.mappings import reduce_from_tensor_parallel
+
+    g = torch.Generator().manual_seed(100 + rank)
+    x = (torch.randn(4096, generator=g) * 10.0 ** torch.randint(-3, 3, (4096,), generator=g)
+         ).bfloat16()
+    out = {"mine": x}
+    for fp32 in (False, True):
+        tp = TensorParallel(group=dist.group.WORLD, rank=rank, size=world, fp32_reduce=fp32)
+        y = x.clone().requires_grad_()
+        summed = reduce_from_tensor_parallel(y, tp)
+        summed.backward(torch.ones_like(summed))
+        out[fp32] = summed.detach()
+        assert summed.dtype == torch.bfloat16 and torch.equal(y.grad, torch.ones_like(x))
+    return out
+
+
+def test_fp32_allreduce_sums_bf16_activations_in_fp32_over_the_tensor_parallel_group():
+    """fp32_allreduce (GPT-NeoX's: its tensor-parallel reductions upcast to fp32): the sum of 4
+    ranks' bf16 values is their fp32 sum rounded to bf16 once, on every rank; without it gloo
+    sums in bf16, rounding after each partial sum, which here gives other values."""
+    results = run_distributed(_bf16_sums, 4)
+    exact = sum(r["mine"].float() for r in results).bfloat16()
+    for r in results:
+        assert torch.equal(r[True], exact)
+    assert not torch.equal(results[0][False], exact)

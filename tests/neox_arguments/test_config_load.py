@@ -121,10 +121,27 @@ def test_runtime_neox_key_is_refused():
 
 
 def test_renamed_neox_key_is_accepted_with_a_warning(config_log):
-    args = NeoXArgs.from_dict({**BASE, "save_interval": 50, "clip_grad": 0.5, "save": "/tmp/x"})
-    assert args.checkpoint_factor == 50 and args.gradient_clipping == 0.5
+    args = NeoXArgs.from_dict({**BASE, "save_interval": 50, "gas": 2, "save": "/tmp/x"})
+    assert args.checkpoint_factor == 50 and args.gradient_accumulation_steps == 2
     assert any("'save_interval' is GPT-NeoX's old name for 'checkpoint_factor'" in l
                for l in config_log)
+
+
+def test_keys_gpt_neox_overwrites_are_refused_unless_at_its_default():
+    """GPT-NeoX overwrites batch_size and clip_grad with the micro batch and gradient_clipping,
+    so a value written there trains nothing in GPT-NeoX: at its default it is dropped, another
+    value is refused naming the key that decides."""
+    args = NeoXArgs.from_dict({**BASE, "clip_grad": 1.0, "gradient_clipping": 0.3}, source="t")
+    assert args.gradient_clipping == 0.3
+    with pytest.raises(ConfigError) as e:
+        NeoXArgs.from_dict({**BASE, "clip_grad": 0.5}, source="t")
+    assert str(e.value).startswith("'clip_grad' in t is not a config option here: it is read "
+                                   "from gradient_clipping, as GPT-NeoX overwrites clip_grad")
+    assert str(e.value).endswith("Set gradient_clipping=0.5 instead.")
+    with pytest.raises(ConfigError, match="'batch_size' in t .* read from "
+                                          "train_micro_batch_size_per_gpu.*Set "
+                                          "train_micro_batch_size_per_gpu=4 instead"):
+        NeoXArgs.from_dict({**BASE, "batch_size": 4}, source="t")
 
 
 def test_type_errors_name_key_value_and_expected_type(write):

@@ -112,6 +112,8 @@ CASES = [
     ({"save": "ckpt"}, None, "save is set (ckpt) but neither checkpoint_factor nor extra_save_iters is"),
     ({"checkpoint_factor": 1, "checkpoint_scale": "log"}, None,
      "checkpoint_factor(1) with checkpoint_scale log must be greater than 1"),
+    ({"checkpoint_factor": 2.5}, None,
+     "checkpoint_factor(2.5) with checkpoint_scale linear must be a whole number"),
     ({"split": "90,5,5,1"}, None, "split('90,5,5,1') must be up to three non-negative numbers"),
     ({"train_data_paths": ["a"]}, None,
      "train_data_paths, valid_data_paths and test_data_paths must be given together"),

@@ -13,8 +13,21 @@ def logits_of(probs):
 
 def test_greedy_is_argmax_and_needs_no_randomness():
     logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
+    assert SamplingParams().greedy
     assert torch.equal(sample(logits, SamplingParams()), logits.argmax(-1))
-    assert torch.equal(sample(logits, SamplingParams(temperature=0.0, top_k=3)), logits.argmax(-1))
+
+
+@pytest.mark.parametrize("cut", [dict(top_k=3), dict(top_p=0.9)])
+def test_temperature_0_with_top_k_or_top_p_samples_the_unscaled_logits_as_gpt_neox(cut):
+    """GPT-NeoX decodes greedily only when temperature, top_k and top_p are all 0; temperature
+    0 with a cut samples from the cut logits, left unscaled (its text_generation_utils.py)."""
+    params = SamplingParams(temperature=0.0, **cut)
+    assert not params.greedy
+    logits = logits_of([0.4, 0.35, 0.2, 0.05])
+    assert torch.equal(filter_logits(logits, params),
+                       filter_logits(logits, SamplingParams(temperature=1.0, **cut)))
+    draws = {sample(logits, params, seeded_generators(7, [i])).item() for i in range(200)}
+    assert draws == {0, 1, 2}
 
 
 def test_top_k_and_top_p_keep_exactly_the_expected_tokens():

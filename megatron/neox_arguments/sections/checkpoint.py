@@ -19,10 +19,12 @@ class CheckpointArgs:
         "multiplied by it each time (log); required when save is set unless extra_save_iters is.",
     )
     extra_save_iters: list[int] | None = option(
-        None, "Additional iterations at which to save a checkpoint."
+        None, "Additional iterations at which to save a checkpoint; 0 saves the untrained "
+        "model before the first step of a run at iteration 0."
     )
     keep_last_n_checkpoints: int | None = option(
-        None, "Delete older checkpoints, keeping this many (null: keep all)."
+        None, "Delete older checkpoints, keeping this many, and never the one the run loaded "
+        "nor the newest with a finite loss (null: keep all)."
     )
     checkpoint_scale: str = option(
         "linear", "How checkpoint_factor spaces saves: linear or log."

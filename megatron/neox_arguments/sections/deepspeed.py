@@ -69,7 +69,9 @@ class DeepSpeedArgs:
         "stage 1 runs DeepSpeed's bf16 optimizer).",
     )
     fp32_allreduce: bool = option(
-        False, "All-reduce gradients in float32 under fp16/bf16 (communication_data_type fp32)."
+        False, "Under fp16/bf16, sum in float32: the data-parallel gradient all-reduce "
+        "(DeepSpeed's communication_data_type fp32) and, as GPT-NeoX, the tensor-parallel "
+        "all-reduces of activations and their gradients."
     )
     zero_allow_untested_optimizer: bool = option(
         True, "Let ZeRO wrap the torch optimizers this project builds (keep true)."

@@ -29,7 +29,9 @@ class TextGenerationArgs:
         64, "Most tokens generated per prompt; prompt + maximum_tokens must fit "
         "max_position_embeddings."
     )
-    temperature: float = option(0.0, "Sampling temperature; 0 picks the most likely token.")
+    temperature: float = option(
+        0.0, "Sampling temperature; 0 leaves the logits unscaled, and with top_k and top_p 0 "
+        "picks the most likely token (GPT-NeoX's rule).")
     top_k: int = option(0, "Sample only among the k most likely tokens (0: no limit).")
     top_p: float = option(
         0.0, "Sample only among the most likely tokens whose probability sums to p (0: off)."

@@ -32,7 +32,8 @@ class TrainingArgs:
         "decided by the fp16 / bf16 sections.",
     )
     exit_interval: int | None = option(
-        None, "Stop training after an iteration divisible by this (null: run to train_iters)."
+        None, "Stop training after an iteration divisible by this, as GPT-NeoX: without a "
+        "checkpoint beyond that iteration's scheduled one (null: run to train_iters)."
     )
     bad_step_policy: str = option(
         "skip",
