@@ -149,12 +149,14 @@ def preflight(args, script: str, workers_here: int = 1) -> None:
 def _missing_or_resized(step_dir: Path, manifest) -> list[str]:
     """A24 before the workers, from sizes alone: the files the manifest lists are there with
     their sizes (a GPT-NeoX checkpoint's: there and not empty). The workers hash every file."""
-    from megatron.checkpointing import neox_format
+    from megatron.checkpointing.layout import MANIFEST_NAME
     from megatron.checkpointing.manifest import check_files
 
-    if neox_format.is_neox(manifest):
-        return neox_format.verify(step_dir, manifest)
-    return check_files(step_dir, manifest)
+    if (step_dir / MANIFEST_NAME).is_file():  # ours: neox_format (and torch) not needed
+        return check_files(step_dir, manifest)
+    from megatron.checkpointing import neox_format
+
+    return neox_format.verify(step_dir, manifest)
 
 
 def _check_shape(args, saved: dict, step_dir: Path) -> None:
