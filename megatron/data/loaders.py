@@ -33,7 +33,9 @@ from megatron.monitoring.logger import get_logger
 
 logger = get_logger(__name__)
 
-# Each blended part is built with 0.5% spare samples, as GPT-NeoX does.
+# Each part of train/valid/test_data_paths (even one alone) and each blended part of a data_path
+# list is built with 0.5% spare samples, as GPT-NeoX builds those of its *_data_paths; one
+# data_path prefix holds exactly the samples asked (GPT-NeoX's data_path).
 _BLEND_MARGIN = 1.005
 
 
@@ -84,7 +86,7 @@ def build_train_valid_test_datasets(
                   weight_by_num_documents=weight_by_num_documents,
                   alpha=weighted_sampler_alpha, open_prefix=open_prefix,
                   global_batch_size=None if global_batch_size is None else int(global_batch_size),
-                  options=options)
+                  options=options, listed=not data_path)
     result = []
     for name, n, (parts, weights) in zip(SPLIT_NAMES, num_samples, per_split):
         if n == 0 or not parts:
@@ -98,8 +100,9 @@ def build_train_valid_test_datasets(
 
 
 def _build_split(name, parts, weights, num_samples, *, seq_length, seed, cache_dir, group,
-                 weight_by_num_documents, alpha, open_prefix, global_batch_size, options):
-    """One GPT2Dataset, or a BlendableDataset over several."""
+                 weight_by_num_documents, alpha, open_prefix, global_batch_size, options, listed):
+    """One GPT2Dataset, or a BlendableDataset over several; `listed`: the parts are those of
+    train/valid/test_data_paths, each asked for its share plus the margin even when alone."""
     names = [p.name for p in parts]
     if weight_by_num_documents:
         weights = weights_by_num_documents([len(p.documents) for p in parts], alpha)
@@ -116,8 +119,8 @@ def _build_split(name, parts, weights, num_samples, *, seq_length, seed, cache_d
         return _part_dataset(part, n, seq_length=seq_length, seed=seed, cache_dir=cache_dir,
                              group=group, open_prefix=open_prefix, options=options)
 
-    if len(parts) == 1:
-        return build(parts[0], num_samples)
+    if len(parts) == 1:  # GPT-NeoX blends one listed path too: the same samples, in order
+        return build(parts[0], math.ceil(num_samples * _BLEND_MARGIN) if listed else num_samples)
     datasets = [build(part, max(1, math.ceil(num_samples * w * _BLEND_MARGIN)))
                 for part, w in zip(parts, weights)]
     return BlendableDataset(datasets, weights, num_samples=num_samples, names=names)

@@ -31,6 +31,9 @@ TEXT_SUFFIXES = (".txt", ".txt.gz")
 INPUT_SUFFIXES = JSONL_SUFFIXES + JSON_ARRAY_SUFFIXES + TEXT_SUFFIXES
 # lm_dataformat archives that GPT-NeoX reads and this project does not
 ARCHIVE_SUFFIXES = (".jsonl.zst.tar", ".dat.zst", ".tar.gz", ".zip", ".json.gz", ".xz")
+# what else lm_dataformat reads as documents in a folder (GPT-NeoX's --input DIR): a folder
+# holding such a file is refused, as skipping it would drop its documents
+OTHER_DATA_SUFFIXES = (".gz", ".json", ".csv", ".tsv")
 DATA_INSTALL = "pip install -r requirements/requirements-data.txt"
 ZSTD_CHUNK = 1 << 20  # compressed bytes read from a .zst file at a time
 # The keys with which jsonl lines may take lm_dataformat's shapes: the one key it reads.
@@ -58,13 +61,7 @@ def expand_inputs(inputs: str | Sequence[str]) -> list[str]:
         if not item:
             continue
         if os.path.isdir(item):
-            found = sorted(
-                os.path.join(root, name) for root, _, names in os.walk(item) for name in names
-                if name.endswith(INPUT_SUFFIXES))
-            if not found:
-                raise FileNotFoundError(f"input directory {item} holds no "
-                                        f"{', '.join(INPUT_SUFFIXES)} files")
-            files.extend(found)
+            files.extend(_directory_inputs(item))
         elif os.path.isfile(item):
             if not item.endswith(INPUT_SUFFIXES):
                 hint = (" (an lm_dataformat archive: unpack it into .jsonl or .txt files first)"
@@ -80,6 +77,33 @@ def expand_inputs(inputs: str | Sequence[str]) -> list[str]:
     if compressed:  # refused before any output is written
         require_package("zstandard", f"reading {compressed[0]}")
     return files
+
+
+def _directory_inputs(folder: str) -> list[str]:
+    """The input files under `folder`, sorted. Files of the kinds GPT-NeoX reads there and this
+    project does not (lm_dataformat's archives, .json, .csv, .tsv, other .gz) are refused by
+    name; other files (a README) are skipped with a warning."""
+    every = sorted(os.path.join(root, name) for root, _, names in os.walk(folder)
+                   for name in names)
+    found = [f for f in every if f.endswith(INPUT_SUFFIXES)]
+    unread = [f for f in every if f not in found]
+    data = [f for f in unread if f.endswith(ARCHIVE_SUFFIXES + OTHER_DATA_SUFFIXES)]
+    if data:
+        shown = ", ".join(data[:3]) + (f" and {len(data) - 3} more" if len(data) > 3 else "")
+        raise ValueError(f"input directory {folder} holds {len(data)} file(s) of a kind this "
+                         f"tool does not read ({shown}), whose documents GPT-NeoX's "
+                         f"lm_dataformat would take; convert them into .jsonl or .txt files "
+                         f"(lm_dataformat archives: unpack them), or move them out of the folder")
+    if not found:
+        raise FileNotFoundError(f"input directory {folder} holds no "
+                                f"{', '.join(INPUT_SUFFIXES)} files")
+    if unread:
+        from megatron.monitoring.logger import get_logger
+
+        get_logger(__name__).warning(
+            "input directory %s: %d file(s) that are not data are skipped: %s", folder,
+            len(unread), ", ".join(unread[:3]) + (" ..." if len(unread) > 3 else ""))
+    return found
 
 
 class _ZstdReader(io.RawIOBase):

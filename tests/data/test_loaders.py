@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,21 @@ def test_explicit_paths_and_weights(prefixes):
     assert isinstance(test, GPT2Dataset) and len(test) >= 5
     equal, _, _ = build(train_data_paths=[a, b], train_valid_test_num_samples=(10, 0, 0))
     assert equal.weights.tolist() == [0.5, 0.5]
+
+
+def test_one_listed_path_holds_gpt_neoxs_spare_samples(prefixes):
+    """GPT-NeoX builds every dataset of train_data_paths, one alone too, for its share of the
+    samples plus 0.5% (its data_path for exactly the samples asked): asked for one epoch's
+    samples, the listed file is built for two epochs, whose shuffle orders other documents."""
+    a, _ = prefixes
+    epoch = (int(MMapIndexedDataset(a).sizes.sum()) - 1) // 8
+    listed, _, _ = build(train_data_paths=[a], train_valid_test_num_samples=(epoch, 0, 0))
+    exact, _, _ = build(data_path=a, split="1", train_valid_test_num_samples=(epoch, 0, 0))
+    spare, _, _ = build(data_path=a, split="1",
+                        train_valid_test_num_samples=(math.ceil(epoch * 1.005), 0, 0))
+    samples = [[d[i]["text"].tolist() for i in range(epoch)] for d in (listed, exact, spare)]
+    assert len(exact) == epoch and len(listed) == len(spare) > epoch
+    assert samples[0] == samples[2] and samples[0] != samples[1]
 
 
 def test_weight_by_num_documents_overrides_weights(prefixes, caplog):

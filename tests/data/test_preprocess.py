@@ -33,7 +33,7 @@ def inputs(tmp_path):
                                      {"text": "wörld", "title": "C"}])
     write_jsonl(folder / "nested" / "b.jsonl.gz", [{"text": "zipped", "title": "D"}], gz=True)
     (folder / "c.txt").write_text("plain\nfile", encoding="utf-8")
-    (folder / "ignored.csv").write_text("x")
+    (folder / "README.md").write_text("not data")
     return folder
 
 
@@ -42,8 +42,11 @@ def read_all(prefix):
     return [ds[i].tolist() for i in range(len(ds))], ds
 
 
-def test_directory_of_mixed_inputs(inputs, tmp_path):
-    files = expand_inputs(str(inputs))
+def test_directory_of_mixed_inputs(inputs, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="megatron"):
+        files = expand_inputs(str(inputs))
+    assert (f"input directory {inputs}: 1 file(s) that are not data are skipped: "
+            f"{inputs / 'README.md'}") in caplog.text
     assert [os.path.relpath(f, inputs) for f in files] == ["a.jsonl", "c.txt", "nested/b.jsonl.gz"]
     result = preprocess(str(inputs), str(tmp_path / "out" / "d"), "CharLevelTokenizer",
                         append_eod=True)
@@ -148,6 +151,20 @@ def test_missing_and_unsupported_inputs(tmp_path):
     (tmp_path / "x.csv").write_text("x")
     with pytest.raises(ValueError, match="unsupported file type"):
         expand_inputs(str(tmp_path / "x.csv"))
+
+
+@pytest.mark.parametrize("name", ["part.zip", "part.tar.gz", "part.gz", "part.json",
+                                  "part.csv"])
+def test_a_directory_holding_data_of_another_kind_is_refused(inputs, name):
+    """GPT-NeoX's lm_dataformat reads these in a folder: skipped, their documents would be lost."""
+    (inputs / "nested" / name).write_bytes(b"x")
+    with pytest.raises(ValueError) as err:
+        expand_inputs(str(inputs))
+    assert str(err.value) == (
+        f"input directory {inputs} holds 1 file(s) of a kind this tool does not read "
+        f"({inputs / 'nested' / name}), whose documents GPT-NeoX's lm_dataformat would take; "
+        "convert them into .jsonl or .txt files (lm_dataformat archives: unpack them), or move "
+        "them out of the folder")
 
 
 def load_script(name):
