@@ -144,6 +144,14 @@ class PreprocessResult:
     seconds: float = 0.0
     dtype: str = ""
     skipped_empty: dict[str, int] = field(default_factory=dict)
+    key_tokens: dict[str, int] = field(default_factory=dict)  # tokens written per key
+
+    def written(self, key: str) -> str:
+        """What the token file of `key` holds, for the tool's summary line."""
+        skipped = self.skipped_empty.get(key, 0)
+        empty = f", {skipped} empty skipped" if skipped else ""
+        return (f"{self.documents - skipped} documents, {self.key_tokens.get(key, 0)} tokens"
+                f"{empty}, {self.dtype}")
 
 
 def preprocess(inputs: str | Sequence[str], output_prefix: str, tokenizer_type: str | None = None,
@@ -226,6 +234,7 @@ def _write_all(encoded, builders, result: PreprocessResult, log_interval: int,
             result.skipped_empty[key] += int(len(lengths) - nonempty.sum())
             builders[key].add_documents(tokens, lengths[nonempty])
             result.tokens += len(tokens)
+            result.key_tokens[key] = result.key_tokens.get(key, 0) + len(tokens)
         result.documents += len(next(iter(batch.values()))[1])
         bar.update(len(next(iter(batch.values()))[1]))
         result.input_bytes += nbytes

@@ -184,6 +184,18 @@ def test_preprocess_script(inputs, tmp_path, capsys):
     assert "cli_text_document" in capsys.readouterr().out
 
 
+def test_the_script_says_what_each_key_s_file_holds(inputs, tmp_path, capsys):
+    """One line per key with that file's documents and tokens: a.jsonl's empty text is
+    skipped from the text file only."""
+    script = load_script("preprocess_data")
+    assert script.main(["--input", str(inputs / "a.jsonl"), "--output-prefix",
+                        str(tmp_path / "k"), "--tokenizer-type", "CharLevelTokenizer",
+                        "--jsonl-keys", "text", "title", "--workers", "1"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"text: {tmp_path}/k_text_document  (2 documents, 11 tokens, 1 empty skipped, uint16)",
+        f"title: {tmp_path}/k_title_document  (3 documents, 3 tokens, uint16)"]
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--input", "{tmp}/nope.jsonl", "--output-prefix", "{tmp}/out"],
      "error: input {tmp}/nope.jsonl does not exist"),

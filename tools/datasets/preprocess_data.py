@@ -82,8 +82,7 @@ def main(argv=None) -> int:
                             log_interval=args.log_interval, max_docs=args.max_docs,
                             ftfy=args.ftfy, num_docs=args.num_docs)
         for key, prefix in result.prefixes.items():
-            print(f"{key}: {prefix}  ({result.documents} documents, {result.tokens} tokens, "
-                  f"{result.dtype})")
+            print(f"{key}: {prefix}  ({result.written(key)})")
 
     return run_entry(run)  # a user error: one line, status 1
 
