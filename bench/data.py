@@ -5,7 +5,7 @@
     .venv/bin/python bench/data.py --corpus-mb 2 --index-tokens 1e7 1e8 \\
         --loader-tokens 2e6 --loader-batches 20 --repeats 1   # a quick smoke run
 
-Everything is built in a temporary directory and removed at the end. Three parts:
+Everything is built in a temporary directory and removed at the end. Five parts:
 
 1. Preprocessing. A jsonl corpus of `--corpus-mb` MB is made from the built-in corpus, each copy
    of a document with its words shuffled and about one word in ten given a random number, so
@@ -35,6 +35,10 @@ Everything is built in a temporary directory and removed at the end. Three parts
    `.bin` for its largest id (what every start of every worker did before the id was kept),
    and the check with the id kept in a cache folder (`megatron.data.token_ids`), first with
    the folder empty, then as a later start finds it.
+5. Blend order. `blendable_dataset.blend_indices` (GPT-NeoX's order of a blend, sample for
+   sample) for `--blend-samples` samples of 2 and of 22 datasets (random weights), against the
+   reference: GPT-NeoX's rule as a plain Python loop, timed on `--blend-reference-samples` and
+   scaled (the rule costs the same per sample throughout); both orders are compared there.
 """
 
 from __future__ import annotations
@@ -76,10 +80,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--micro-batch", type=int, default=8, help="loader micro-batch size")
     parser.add_argument("--check-tokens", type=float, default=5e8,
                         help="tokens in the token-id check's token file")
+    parser.add_argument("--blend-samples", type=float, default=2e7,
+                        help="samples of the blend order built")
+    parser.add_argument("--blend-reference-samples", type=float, default=1e6,
+                        help="samples the Python loop of the reference is timed on")
     parser.add_argument("--repeats", type=int, default=2, help="best of N runs per timing")
     parser.add_argument("--tmpdir", default=None, help="where to build the data")
     parser.add_argument("--skip", nargs="*", default=[],
-                        choices=["preprocess", "index", "loader", "token-ids"])
+                        choices=["preprocess", "index", "loader", "token-ids", "blend"])
     return parser.parse_args(argv)
 
 
@@ -346,6 +354,39 @@ def bench_token_ids(args, tmp: str) -> list[str]:
             f"  {'check as a later start (open, kept id)':<40}{kept:8.3f} s"]
 
 
+# -- 5. blend order ----------------------------------------------------------------------------
+def python_blend_loop(weights: list[float], size: int) -> list[int]:
+    """GPT-NeoX's build_blending_indices rule, one sample at a time in Python."""
+    current = [0] * len(weights)
+    out = []
+    for sample in range(size):
+        sd = max(float(sample), 1.0)
+        errors = [w * sd - c for w, c in zip(weights, current)]
+        best = errors.index(max(errors))
+        out.append(best)
+        current[best] += 1
+    return out
+
+
+def bench_blend(args) -> list[str]:
+    from megatron.data.blendable_dataset import blend_indices
+
+    n, ref_n = int(args.blend_samples), int(args.blend_reference_samples)
+    lines = [f"blend order: blend_indices for {n:,} samples against GPT-NeoX's rule as a Python "
+             f"loop (timed on {ref_n:,}, scaled); best of {args.repeats}",
+             f"  {'datasets':>8}{'ours s':>9}{'loop s':>9}{'ratio':>8}  same order"]
+    rng = np.random.default_rng(0)
+    for m in (2, 22):
+        w = rng.dirichlet(np.ones(m))
+        w = w / np.sum(w)
+        ours, (index, _) = best_of(args.repeats, lambda: blend_indices(w, n))
+        loop, reference = best_of(args.repeats, lambda: python_blend_loop(list(w), ref_n))
+        loop *= n / ref_n
+        same = index[:ref_n].tolist() == reference
+        lines.append(f"  {m:>8}{ours:>9.2f}{loop:>9.1f}{loop / ours:>7.1f}x  {same}")
+    return lines
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     print(f"bench/data.py: {os.cpu_count()} CPUs, load average "
@@ -354,7 +395,8 @@ def main(argv=None) -> None:
         for part, run in (("preprocess", lambda: bench_preprocess(args, tmp)),
                           ("index", lambda: bench_index(args)),
                           ("loader", lambda: bench_loader(args, tmp)),
-                          ("token-ids", lambda: bench_token_ids(args, tmp))):
+                          ("token-ids", lambda: bench_token_ids(args, tmp)),
+                          ("blend", lambda: bench_blend(args))):
             if part not in args.skip:
                 print("\n".join(run()), flush=True)
     print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())} "
