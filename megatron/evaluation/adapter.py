@@ -41,7 +41,7 @@ class NeoXLM(LM):
     """lm-eval's LM interface over an InferenceModel on this rank."""
 
     def __init__(self, model, tokenizer, replicas: Replicas | None = None, batch_size: int = 8,
-                 max_gen_toks: int = 256, seed: int = 1234, cache=None):
+                 max_gen_toks: int = 128, seed: int = 1234, cache=None):
         super().__init__()
         self.model, self.tokenizer = model, tokenizer
         self.replicas = replicas or Replicas()

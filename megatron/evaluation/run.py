@@ -27,7 +27,7 @@ log = get_logger(__name__)
 def results_path(prefix: str, output_dir: str, when: float | None = None) -> Path:
     """Where the results JSON goes: `{prefix}_eval_results_<date>.json` for an
     `eval_results_prefix`, else `<output_dir>/eval/eval_results_<date>.json`."""
-    stamp = time.strftime("%Y-%m-%d-%H-%M-%S", time.localtime(when))
+    stamp = time.strftime("%m-%d-%Y-%H-%M-%S", time.localtime(when))  # GPT-NeoX's format
     name = f"eval_results_{stamp}.json"
     return Path(f"{prefix}_{name}") if prefix else Path(output_dir) / "eval" / name
 

@@ -6,17 +6,19 @@ stop signal came, and a stop writes the samples done so far (Preempted, status 1
 Global rank 0 gathers and writes `sample_output_file`, in index order, one JSON object per line:
 
     {"index": 0, "context": "...", "text": "...", "prompt_token_ids": [...], "token_ids": [...],
-     "length": 12, "finished": true, "stop_reason": "stop_token", "duration_seconds": 0.41,
-     "batch_size": 8}
+     "length": 12, "finished": true, "stop_reason": "stop_token", "message": null,
+     "duration_seconds": 0.41, "batch_size": 8}
 
 `text` is the generated text without the stop token and cut before any stop string, and
 without the first bytes of a character that maximum_tokens cut in two (generation.sample_text);
 `token_ids` are the generated ids (ending with the stop id when one ended the sample);
+`length` counts them without that stop id, as GPT-NeoX does; `message` is null, or says that
+the first token generated was the stop token (text "", length 0);
 `finished` is false when maximum_tokens ran out; `duration_seconds` is the wall time of the
 batch the sample was generated in. Unconditional samples start from EOD (as does an empty
 prompt). Sampling is reproducible: sample i draws from its own generator seeded from (seed, i).
-In interactive mode rank 0 reads one prompt per line from stdin until EOF, prints each sample
-and appends it to the output file.
+In interactive mode rank 0 reads prompts from stdin until EOF (one per line, or up to each
+prompt_end), prints each sample and appends it to the output file.
 """
 
 from __future__ import annotations
@@ -76,10 +78,14 @@ class _Sampler:
 
     def _record(self, index: int, context: str, g) -> dict:
         text = sample_text(self.tok.detokenize, g, self.stop_strings)
+        length = len(g.ids) - (g.stop_reason == "stop_token")  # GPT-NeoX's: the stop left out
+        message = None if length or g.stop_reason != "stop_token" else (
+            "text generation did not start: the first token generated was a stop token")
         return {"index": index, "context": context, "text": text,
-                "prompt_token_ids": g.prompt_ids, "token_ids": g.ids, "length": len(g.ids),
+                "prompt_token_ids": g.prompt_ids, "token_ids": g.ids, "length": length,
                 "finished": g.stop_reason != "length", "stop_reason": g.stop_reason,
-                "duration_seconds": round(g.seconds, 6), "batch_size": g.batch_size}
+                "message": message, "duration_seconds": round(g.seconds, 6),
+                "batch_size": g.batch_size}
 
 
 def _broadcast(value):
@@ -160,8 +166,26 @@ def _in_rounds(sampler: _Sampler, texts: list[str], lengths: list[int]) -> tuple
     return sorted(done, key=lambda r: r["index"]), signum
 
 
+def read_interactive_prompt(stdin: TextIO, prompt_end: str) -> str | None:
+    """The next prompt typed (None at EOF): one line, or with a `prompt_end` other than a
+    newline the lines up to the first `prompt_end`, joined by newlines, as GPT-NeoX reads them
+    (text after it on that line is dropped)."""
+    lines = []
+    while True:
+        line = stdin.readline()
+        if not line:
+            return "\n".join(lines) if lines else None
+        line = line.rstrip("\n")
+        if prompt_end == "\n":
+            return line
+        if prompt_end in line:
+            return "\n".join([*lines, line.split(prompt_end)[0]])
+        lines.append(line)
+
+
 def _interactive(sampler: _Sampler, stdin: TextIO, stdout: TextIO) -> list[dict]:
-    """One prompt per stdin line (read on rank 0) until EOF; each sample printed and appended."""
+    """Prompts from stdin (read on rank 0: read_interactive_prompt) until EOF; each sample
+    printed and appended."""
     rt = sampler.rt
     out_file = rt.args.derived.sample_output_path
     records, index = [], 0
@@ -174,8 +198,7 @@ def _interactive(sampler: _Sampler, stdin: TextIO, stdout: TextIO) -> list[dict]
         if rt.replicas.writer:
             stdout.write("prompt> ")
             stdout.flush()
-            line = stdin.readline()
-            line = line.rstrip("\n") if line else None
+            line = read_interactive_prompt(stdin, rt.args.text_generation.prompt_end)
         line = _broadcast(line)
         if line is None:
             if rt.replicas.writer:

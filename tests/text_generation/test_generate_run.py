@@ -44,7 +44,9 @@ def test_input_file_mode_writes_one_record_per_prompt(trained, tmp_path, one_ran
     for r in records:
         assert r["prompt_token_ids"] == tok.tokenize(r["context"])
         body = r["token_ids"][:-1] if r["stop_reason"] == "stop_token" else r["token_ids"]
-        assert r["text"] == tok.detokenize(body) and r["length"] == len(r["token_ids"]) <= 12
+        assert r["text"] == tok.detokenize(body) and r["length"] == len(body) <= 12
+        assert r["message"] is None if body or r["stop_reason"] != "stop_token" else (
+            r["message"].startswith("text generation did not start"))
         assert r["finished"] == (r["stop_reason"] != "length") and r["duration_seconds"] > 0
     recomputed = run_generation(args.replace(recompute=True, generation_batch_size=3))
     assert [r["token_ids"] for r in recomputed] == [r["token_ids"] for r in records]
@@ -71,6 +73,17 @@ def test_interactive_mode_reads_prompts_until_eof_and_survives_a_too_long_one(
     assert "must not exceed max_position_embeddings(128)" in shown
     assert f"prompt> generated> {records[0]['text']}\n" in shown and shown.endswith("prompt> \n")
     assert read_jsonl(tmp_path / "out.jsonl") == records
+
+
+def test_interactive_prompts_end_at_prompt_end_as_in_gpt_neox():
+    from megatron.text_generation.modes import read_interactive_prompt
+
+    typed = io.StringIO("first line\nsecond ### ignored\nlast\n")
+    assert read_interactive_prompt(typed, "###") == "first line\nsecond "
+    assert read_interactive_prompt(typed, "###") == "last"  # ended by EOF
+    assert read_interactive_prompt(typed, "###") is None
+    typed = io.StringIO("one\ntwo\n")
+    assert [read_interactive_prompt(typed, "\n") for _ in range(3)] == ["one", "two", None]
 
 
 @pytest.mark.parametrize("override, message", [
