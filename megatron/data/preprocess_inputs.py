@@ -86,7 +86,7 @@ def _directory_inputs(folder: str) -> list[str]:
     every = sorted(os.path.join(root, name) for root, _, names in os.walk(folder)
                    for name in names)
     found = [f for f in every if f.endswith(INPUT_SUFFIXES)]
-    unread = [f for f in every if f not in found]
+    unread = [f for f in every if not f.endswith(INPUT_SUFFIXES)]
     data = [f for f in unread if f.endswith(ARCHIVE_SUFFIXES + OTHER_DATA_SUFFIXES)]
     if data:
         shown = ", ".join(data[:3]) + (f" and {len(data) - 3} more" if len(data) > 3 else "")
