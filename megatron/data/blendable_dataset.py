@@ -11,8 +11,7 @@ The rule is sequential; it is computed without a Python loop over samples:
 1. Candidate: the mix is cut into blocks of `BLOCK` samples, all simulated at once (numpy over
    the blocks), each from the counts its start would have if every prefix were apportioned by
    largest remainders, `BURN_IN` samples early. A guessed state usually meets the true one
-   within a few tens of samples (the most seen: 632, over 22 datasets), and from the step where
-   the counts are equal both pick alike.
+   within the burn-in, and from the step where the counts are equal both pick alike.
 2. Check: block 0 starts from the true (empty) counts. A block whose counts at its start equal
    its predecessor's at its end therefore picks as the rule does; one whose counts differ is
    recomputed sample by sample (Python) from the true counts until the two meet.
